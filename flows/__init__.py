@@ -1,0 +1,1 @@
+"""Prefect flows and the grpoflow command line."""

@@ -1,0 +1,209 @@
+"""The ``grpoflow`` command: maps commands onto the flows and the stage functions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import tasks  # noqa: F401  (sets telemetry-off defaults before Prefect or MLflow load)
+from tasks.config import ConfigError, PipelineConfig, load_config
+
+app = typer.Typer(add_completion=False, help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote.")
+console = Console()
+DEFAULT_CONFIG = Path("configs/demo.yaml")
+
+ConfigArg = Annotated[Path | None, typer.Argument(help="Pipeline config (YAML). Default: configs/demo.yaml")]
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set grpo.max_steps=5")]
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _config(path: Path | None, overrides: list[str] | None = None, **extra: Any) -> PipelineConfig:
+    values = {k: _parse_value(v) for k, _, v in (item.partition("=") for item in overrides or [])}
+    values.update({k: v for k, v in extra.items() if v is not None})
+    chosen = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    try:
+        return load_config(chosen, values)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "alembic", "mlflow.store", "great_expectations"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def run(
+    config: ConfigArg = None,
+    seed: Annotated[int | None, typer.Option(help="Override the config's seed.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name of the run (default: generated).")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Run the whole pipeline and print its summary."""
+    from flows.pipeline import new_run_id, pipeline
+    from tasks.probe import NoLearningSignal
+
+    _setup_logging()
+    cfg = _config(config, set_, seed=seed)
+    run_name = run_id or new_run_id(cfg)
+    console.print(f"[bold]grpoflow run[/bold] {run_name} → {cfg.output_dir / run_name}")
+    try:
+        summary = pipeline(cfg, run_name)
+    except NoLearningSignal as exc:
+        console.print(f"[yellow]stopped before GRPO:[/yellow] {exc}")
+        raise typer.Exit(3) from exc
+    print_summary(summary)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The end-of-run table: stage times, probes, hold-out accuracy per model, the gain, the registry outcome."""
+    times = Table(title=f"run {summary['run_id']}: stage wall time")
+    times.add_column("stage")
+    times.add_column("seconds", justify="right")
+    for stage, seconds in summary.get("stage_seconds", {}).items():
+        times.add_row(stage, f"{seconds:.1f}")
+    console.print(times)
+    probes = Table(title="probes (G samples per prompt, GRPO sampling settings)")
+    for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward"):
+        probes.add_column(column, justify="right")
+    for label, probe in summary.get("probes", {}).items():
+        probes.add_row(
+            label,
+            str(probe["prompts"]),
+            f"{probe['signal_share']:.0%}",
+            f"{probe['pass_rate_mean']:.1%}",
+            f"{probe['reward_mean']:.3f}",
+        )
+    console.print(probes)
+    evaluation = summary.get("evaluation")
+    if evaluation:
+        table = Table(title="hold-out evaluation (same prompts for every model)")
+        models = evaluation["models"]
+        ks = list(next(iter(models.values()))["pass_at_k"])
+        for column in ("model", "prompts", "greedy acc", *[f"pass@{k}" for k in ks], "pass@1 95% CI"):
+            table.add_column(column, justify="right")
+        for name, score in models.items():
+            low, high = score["pass1_interval"]
+            table.add_row(
+                name,
+                f"{score['n_prompts']}×{score['n_samples']}",
+                f"{score['greedy_accuracy']:.1%}",
+                *[f"{score['pass_at_k'][k]:.1%}" for k in ks],
+                f"[{low:.1%}, {high:.1%}]",
+            )
+        console.print(table)
+        for key, diff in evaluation["comparisons"].items():
+            console.print(
+                f"{key}: sampled pass@1 gain {diff['mean']:+.1%} "
+                f"(paired 95% CI [{diff['low']:+.1%}, {diff['high']:+.1%}], n={diff['n']} prompts)"
+            )
+    promotion = summary.get("promotion")
+    if promotion:
+        outcome = "[green]champion[/green]" if promotion["promoted"] else "[yellow]challenger[/yellow]"
+        console.print(
+            f"registered {promotion['registered_model']} v{promotion['version']} "
+            f"(SFT backup: {promotion['registered_model']}-sft v{promotion['sft_version']}) → {outcome}: "
+            f"{promotion['reason']}"
+        )
+
+
+@app.command()
+def validate(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Run the validate stage alone; writes train / hold-out / quarantine files under output_dir/validate."""
+    from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate
+
+    cfg = _config(config, set_)
+    result = run_validate(cfg, cfg.output_dir / "validate")
+    console.print_json(json.dumps(result.to_json()))
+    try:
+        enforce_limits(result, cfg)
+    except QuarantineLimitExceeded as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def probe(
+    config: ConfigArg = None,
+    adapter: Annotated[Path | None, typer.Option(help="Probe base + this LoRA adapter folder.")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Probe the reward distribution of the base model (or base + adapter) on the train split."""
+    from tasks.models import resolve_model_source
+    from tasks.probe import gate_message, run_probe, sample_completions
+    from tasks.validate import enforce_limits, run_validate
+
+    _setup_logging()
+    cfg = _config(config, set_)
+    data = run_validate(cfg, cfg.output_dir / "validate")
+    enforce_limits(data, cfg)
+    label = "adapter" if adapter else "base"
+    result = run_probe(
+        cfg, data.train_path, resolve_model_source(cfg.model.source), adapter, cfg.output_dir / "probe", label
+    )
+    console.print_json(json.dumps(result.to_json()))
+    message = gate_message(result, cfg.probe.min_signal_share, sample_completions(result))
+    if message:
+        console.print(f"[yellow]{message}[/yellow]")
+        raise typer.Exit(3)
+
+
+@app.command()
+def rollback(
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    to: Annotated[str | None, typer.Option("--to", help="Version to make champion (default: previous).")] = None,
+    reason: Annotated[str, typer.Option(help="Why; recorded on the version.")] = "manual rollback",
+    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+) -> None:
+    """Move ``champion`` back to the previous champion (or to --to VERSION)."""
+    from flows.rollback import rollback_flow
+
+    cfg = _config(config)
+    version = rollback_flow(cfg.resolved_tracking_uri(), name, to, reason)
+    console.print(f"{name}@champion → version {version}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The user prompt.")],
+    model: Annotated[str, typer.Option(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
+    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+    max_new_tokens: int = 64,
+) -> None:
+    """Answer a prompt with a registered adapter (base model read from the version's tag)."""
+    from tasks.data import render_prompt
+    from tasks.generation import generate_completions
+    from tasks.models import load_policy, load_tokenizer, resolve_model_source
+    from tasks.tracking import fetch_adapter
+
+    cfg = _config(config)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, Path(scratch))
+        base_dir = resolve_model_source(base)
+        tokenizer = load_tokenizer(base_dir)
+        policy = load_policy(base_dir, adapter_dir, cfg.model.precision)
+        text = render_prompt(tokenizer, [{"role": "user", "content": prompt}], cfg.data.system_prompt)
+        answer = generate_completions(policy, tokenizer, [text], greedy=True, max_new_tokens=max_new_tokens)[0][0]
+    console.print(f"[dim]{model} (version {version.version}, base {base})[/dim]")
+    sys.stdout.write(answer + "\n")
+
+
+if __name__ == "__main__":
+    app()

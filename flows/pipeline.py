@@ -1,0 +1,107 @@
+"""The pipeline flow: validate → probe → sft → probe (gate) → grpo → evaluate → promote. It only composes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.config import PipelineConfig
+from tasks.evaluate import ModelSpec, champion_spec, evaluate_task
+from tasks.grpo import grpo_task
+from tasks.models import resolve_model_task
+from tasks.probe import NoLearningSignal, pass_rate_filter, probe_task
+from tasks.promote import promote_task
+from tasks.sft import sft_task
+from tasks.tracking import finish_pipeline, start_pipeline
+from tasks.validate import validate_task
+
+
+def new_run_id(config: PipelineConfig) -> str:
+    """A run id that sorts by time and names the config and seed: ``demo-s0-20261129-140501``."""
+    return f"{config.name}-s{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=5
+        ).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+@flow(name="grpoflow-pipeline", flow_run_name="{run_id}", validate_parameters=False)
+def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
+    """Run every stage in order and return the run summary (also logged to MLflow as summary.json)."""
+    run_dir = config.output_dir / run_id
+    tracker = start_pipeline(config, run_id, run_dir)
+    summary: dict[str, Any] = {"run_id": run_id, "run_dir": str(run_dir), "probes": {}}
+    status = "FAILED"
+    try:
+        data = validate_task(config, tracker)
+        summary["data"] = data.to_json()
+        base_dir = resolve_model_task(config.model.source, config.model.revision)
+        probes: dict[str, Any] = {}
+        if config.probe.enabled:
+            probes["base"] = probe_task(
+                config, tracker, data.train_path, base_dir, None, "base", gate=not config.sft.enabled
+            )
+            summary["probes"]["base"] = probes["base"].to_json()
+        sft = sft_task(config, tracker, data.train_path, base_dir) if config.sft.enabled else None
+        if sft is not None and config.probe.enabled:
+            probes["sft"] = probe_task(config, tracker, data.train_path, base_dir, sft.adapter_dir, "sft", gate=True)
+            summary["probes"]["sft"] = probes["sft"].to_json()
+        keep_ids = None
+        if config.probe.pass_rate_band and probes:
+            keep_ids = pass_rate_filter(probes.get("sft") or probes["base"], config.probe.pass_rate_band)
+        sft_adapter = sft.adapter_dir if sft else None
+        grpo = grpo_task(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
+        champion_version, champion = champion_spec(config, run_dir / "champion")
+        models = [ModelSpec("base", base_dir)]
+        models += [ModelSpec("sft", base_dir, sft_adapter)] if sft_adapter else []
+        models += [champion] if champion else []
+        models += [ModelSpec("grpo", base_dir, grpo.adapter_dir)]
+        evaluation = evaluate_task(config, tracker, data.holdout_path, models)
+        summary["evaluation"] = evaluation.to_json()
+        lineage = {
+            "pipeline_run_id": run_id,
+            "mlflow_parent_run_id": tracker.parent_run_id,
+            "base_model": config.model.source,
+            "config_hash": config.config_hash(),
+            "data_fingerprint": data.fingerprint,
+            "git_commit": git_commit(),
+        }
+        promotion = promote_task(config, tracker, evaluation, grpo.adapter_dir, sft_adapter, champion_version, lineage)
+        summary["promotion"] = promotion.to_json()
+        status = "FINISHED"
+    except NoLearningSignal as exc:
+        summary["stopped"] = str(exc)
+        raise
+    finally:
+        summary["stage_seconds"] = stage_seconds(tracker)
+        finish_pipeline(tracker, status, summary)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(_dump(summary))
+    return summary
+
+
+def stage_seconds(tracker: Any) -> dict[str, float]:
+    """Wall seconds per stage, as logged on the parent MLflow run."""
+    run = tracker.client.get_run(tracker.parent_run_id)
+    return {k.removesuffix("_seconds"): v for k, v in run.data.metrics.items() if k.endswith("_seconds")}
+
+
+def _dump(data: Any) -> str:
+    import json
+
+    return json.dumps(data, indent=2, default=str)
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads((run_dir / "summary.json").read_text())

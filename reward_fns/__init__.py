@@ -1,0 +1,4 @@
+"""Reward functions in TRL's contract: ``f(completions, **columns) -> list[float | None]``.
+
+They score text only: no Prefect, MLflow or model code lives here.
+"""

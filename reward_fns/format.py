@@ -1,0 +1,43 @@
+"""Format rewards: does the completion use the answer format the task expects?"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from reward_fns.text import Completion, completion_text, last_boxed
+
+_THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+
+
+def boxed_format(completions: list[Completion], **kwargs: Any) -> list[float | None]:
+    """1.0 when the completion holds exactly one non-empty ``\\boxed{}``, else 0.0.
+
+    >>> boxed_format(completions=[r"\\boxed{3}", "3", r"\\boxed{1} \\boxed{2}", r"\\boxed{}"])
+    [1.0, 0.0, 0.0, 0.0]
+    """
+    rewards: list[float | None] = []
+    for completion in completions:
+        text = completion_text(completion)
+        answer = last_boxed(text)
+        rewards.append(float(text.count("\\boxed{") == 1 and bool(answer)))
+    return rewards
+
+
+def think_answer_format(completions: list[Completion], **kwargs: Any) -> list[float | None]:
+    """1.0 for ``<think>…</think><answer>…</answer>`` and nothing else around it.
+
+    >>> think_answer_format(completions=["<think>a</think><answer>b</answer>", "<answer>b</answer>"])
+    [1.0, 0.0]
+    """
+    return [float(bool(_THINK_ANSWER.match(completion_text(c)))) for c in completions]
+
+
+def tag_count(completions: list[Completion], **kwargs: Any) -> list[float | None]:
+    """Partial credit, 0.25 per tag of ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` present exactly once.
+
+    >>> tag_count(completions=["<think>x</think>", "<think>x</think><answer>y</answer>", "<think><think>"])
+    [0.5, 1.0, 0.0]
+    """
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    return [0.25 * sum(1 for tag in tags if completion_text(c).count(tag) == 1) for c in completions]

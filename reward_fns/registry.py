@@ -1,0 +1,140 @@
+"""Reward functions by name, user functions by import path, and the isolation wrapper TRL calls.
+
+>>> funcs, weights = build_reward_functions([{"name": "math_accuracy"}, {"name": "boxed_format", "weight": 0.2}])
+>>> [f.__name__ for f in funcs], weights
+(['math_accuracy', 'boxed_format'], [1.0, 0.2])
+>>> funcs[0](completions=[r"\\boxed{3}"], ground_truth=["3"])
+[1.0]
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reward_fns.format import boxed_format, tag_count, think_answer_format
+from reward_fns.label import exact_match, label_match
+from reward_fns.length import length_closeness, repetition_penalty
+from reward_fns.math import boxed_match, math_accuracy
+
+logger = logging.getLogger(__name__)
+
+RewardFunction = Callable[..., list[float | None]]
+
+REWARD_FUNCTIONS: dict[str, RewardFunction] = {
+    "math_accuracy": math_accuracy,
+    "boxed_match": boxed_match,
+    "boxed_format": boxed_format,
+    "think_answer_format": think_answer_format,
+    "tag_count": tag_count,
+    "length_closeness": length_closeness,
+    "repetition_penalty": repetition_penalty,
+    "exact_match": exact_match,
+    "label_match": label_match,
+}
+
+# Which reward decides "correct" for pass@k and promotion, per task kind.
+CORRECTNESS_REWARD: dict[str, str] = {
+    "math": "math_accuracy",
+    "exact": "exact_match",
+    "label": "label_match",
+    "json": "json_schema",
+    "code": "code_tests",
+}
+
+
+def check_reward_name(name: str) -> None:
+    """Raise ValueError for a name that is neither built in nor an importable ``module:function`` path."""
+    if name in REWARD_FUNCTIONS:
+        return
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        if module and attribute.isidentifier():
+            return
+    known = ", ".join(sorted(REWARD_FUNCTIONS))
+    raise ValueError(f"unknown reward function {name!r}; known: {known}; or give 'package.module:function'")
+
+
+def resolve_reward(name: str) -> RewardFunction:
+    """The function behind a built-in name or an import path such as ``my_pkg.rewards:score``."""
+    check_reward_name(name)
+    if name in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[name]
+    module_name, _, attribute = name.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward function {name!r} cannot be imported: {exc}") from exc
+    if not callable(function):
+        raise ValueError(f"reward function {name!r} is not callable")
+    return function
+
+
+@dataclass
+class RewardStats:
+    """Counts kept across calls so a stage can report and limit ``None`` verdicts and errors."""
+
+    scored: int = 0
+    none: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    last_error: str | None = field(default=None, repr=False)
+
+    @property
+    def none_share(self) -> float:
+        return self.none / self.scored if self.scored else 0.0
+
+
+class IsolatedReward:
+    """Wraps a reward function: binds its arguments, turns an exception into ``None`` verdicts, counts both.
+
+    TRL names the metric after ``__name__``, so the wrapper carries the configured name.
+
+    >>> def broken(completions, **kwargs): raise RuntimeError("bug")
+    >>> reward = IsolatedReward("broken", broken)
+    >>> reward(completions=["a", "b"]), reward.stats.errors, reward.stats.none
+    ([None, None], 1, 2)
+    """
+
+    def __init__(self, name: str, function: RewardFunction, args: Mapping[str, Any] | None = None) -> None:
+        self.__name__ = name
+        self.function = function
+        self.args = dict(args or {})
+        self.stats = RewardStats()
+
+    def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+        started = time.perf_counter()
+        try:
+            rewards = list(self.function(completions=completions, **{**kwargs, **self.args}))
+            if len(rewards) != len(completions):
+                raise ValueError(f"returned {len(rewards)} rewards for {len(completions)} completions")
+        except Exception as exc:  # a user's reward must not stop training: count it and judge nothing
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("reward %s failed on a batch of %d: %s", self.__name__, len(completions), exc)
+            rewards = [None] * len(completions)
+        self.stats.seconds += time.perf_counter() - started
+        self.stats.scored += len(rewards)
+        self.stats.none += sum(r is None for r in rewards)
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            log_metric(f"reward_errors/{self.__name__}", float(self.stats.errors))
+            log_metric(f"reward_none/{self.__name__}", self.stats.none_share)
+        return [None if r is None else float(r) for r in rewards]
+
+
+def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], list[float]]:
+    """Reward callables and their weights from config specs (``RewardSpec`` objects or plain dicts)."""
+    functions: list[IsolatedReward] = []
+    weights: list[float] = []
+    for spec in specs:
+        item = spec if isinstance(spec, Mapping) else spec.model_dump()
+        name = item["name"]
+        label = name.rsplit(":", 1)[-1]
+        functions.append(IsolatedReward(label, resolve_reward(name), item.get("args") or {}))
+        weights.append(float(item.get("weight", 1.0)))
+    return functions, weights

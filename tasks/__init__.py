@@ -1,0 +1,14 @@
+"""Pipeline stages: plain functions plus thin Prefect task wrappers, and the shared pieces below them."""
+
+import os
+
+# The network may be closed and users' data is theirs: no telemetry unless a user turns it back on.
+for _name, _value in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_name, _value)

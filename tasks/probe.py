@@ -1,0 +1,242 @@
+"""Stage 2, probe: sample G completions for N prompts with the GRPO sampling settings and look at the reward
+distribution before spending compute. On the base model it tells whether SFT is needed; on the SFT policy it
+is the gate before GRPO."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.config import PipelineConfig
+from tasks.data import read_jsonl, render_prompt, write_jsonl
+from tasks.generation import GenerationStats, generate_completions
+from tasks.models import load_policy, load_tokenizer
+from tasks.reporting import publish_markdown, publish_table
+from tasks.scoring import score_groups
+from tasks.tracking import Tracker
+
+
+class NoLearningSignal(RuntimeError):
+    """The probe found too few prompt groups whose rewards differ: GRPO would learn nothing."""
+
+
+@dataclass
+class ProbeResult:
+    label: str
+    prompts: int
+    group_size: int
+    reward_mean: float
+    reward_std: float
+    per_function: dict[str, dict[str, float]]
+    signal_share: float
+    all_zero_groups: int
+    all_max_groups: int
+    pass_rate_mean: float
+    pass_rates: dict[str, float] = field(repr=False)
+    histogram_path: Path | None = None
+    samples_path: Path | None = None
+    tokens_per_second: float = 0.0
+
+    @property
+    def has_signal(self) -> bool:
+        return self.signal_share > 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        data.pop("pass_rates")
+        return data
+
+
+def summarize(label: str, rows: list[dict[str, Any]], scores: dict[str, Any]) -> ProbeResult:
+    """The probe's numbers from a ``prompts × G`` score table (pure)."""
+    total, correct = scores["total"], scores["correct"]
+    spread = total.max(axis=1) - total.min(axis=1)
+    pass_rates = correct.mean(axis=1)
+    return ProbeResult(
+        label=label,
+        prompts=len(rows),
+        group_size=total.shape[1],
+        reward_mean=float(total.mean()),
+        reward_std=float(total.std()),
+        per_function={
+            name: {
+                "mean": float(np.nanmean(values)) if np.isfinite(values).any() else float("nan"),
+                "std": float(np.nanstd(values)) if np.isfinite(values).any() else float("nan"),
+                "none": int(scores["none_counts"][name]),
+            }
+            for name, values in scores["per_function"].items()
+        },
+        signal_share=float((spread > 1e-9).mean()),
+        all_zero_groups=int(((spread <= 1e-9) & (np.abs(total.max(axis=1)) <= 1e-9)).sum()),
+        all_max_groups=int(((spread <= 1e-9) & (pass_rates == 1.0)).sum()),
+        pass_rate_mean=float(pass_rates.mean()),
+        pass_rates={row["id"]: float(rate) for row, rate in zip(rows, pass_rates, strict=True)},
+    )
+
+
+def gate_message(result: ProbeResult, min_signal_share: float, samples: list[str] | None = None) -> str | None:
+    """None when the probe shows enough signal; else an actionable message naming the practice guide's pitfall."""
+    if result.signal_share >= min_signal_share:
+        return None
+    flat = result.prompts - round(result.signal_share * result.prompts)
+    head = (
+        f"{result.label} probe: only {result.signal_share:.0%} of {result.prompts} groups of {result.group_size} "
+        f"have rewards that differ (minimum probe.min_signal_share={min_signal_share:.0%}); "
+    )
+    if result.all_zero_groups >= flat / 2:
+        advice = (
+            f"all rewards 0 in {result.all_zero_groups}/{result.prompts} groups — pitfall 'all-zero rewards': the "
+            "model never produces a rewarded answer (format). Check SFT (more steps, or enable it), relax parsing, "
+            "look at the samples"
+        )
+    elif result.all_max_groups >= flat / 2:
+        advice = (
+            f"every sample correct in {result.all_max_groups}/{result.prompts} groups — nothing left to learn; "
+            "pitfall 'overfitting the tests': use harder or more diverse prompts, or the pass-rate filter"
+        )
+    else:
+        advice = (
+            "rewards are constant within groups — pitfall 'training too slow': raise temperature or "
+            "num_generations, or use rewards with partial credit"
+        )
+    shown = "; ".join(repr(s[:80]) for s in (samples or [])[:3])
+    return head + advice + (f". Samples: {shown}" if shown else "")
+
+
+def pass_rate_filter(result: ProbeResult, band: tuple[float, float]) -> set[str]:
+    """Ids of probed prompts whose pass rate lies inside ``band`` (inclusive), as open-r1's pass-rate filter.
+
+    >>> r = ProbeResult("sft", 3, 4, 0, 0, {}, 1, 0, 0, 0.5, {"a": 0.0, "b": 0.5, "c": 1.0})
+    >>> sorted(pass_rate_filter(r, (0.1, 0.9)))
+    ['b']
+    """
+    low, high = band
+    return {row_id for row_id, rate in result.pass_rates.items() if low <= rate <= high}
+
+
+def _histogram(result: ProbeResult, totals: np.ndarray, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    left.hist(totals.ravel(), bins=20, color="#4c72b0")
+    left.set(title=f"{result.label}: weighted reward", xlabel="reward", ylabel="completions")
+    right.hist(list(result.pass_rates.values()), bins=np.linspace(0, 1, 11), color="#55a868")
+    right.set(title="per-prompt pass rate", xlabel="pass rate", ylabel="prompts")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def run_probe(
+    config: PipelineConfig,
+    train_path: Path,
+    base_model_dir: Path,
+    adapter_dir: Path | None,
+    stage_dir: Path,
+    label: str,
+) -> ProbeResult:
+    """Sample, score and summarize; writes a histogram PNG and a JSONL of samples with their rewards."""
+    rows = read_jsonl(train_path)
+    rows = random.Random(config.seed).sample(rows, min(config.probe.num_prompts, len(rows)))
+    tokenizer = load_tokenizer(base_model_dir)
+    model = load_policy(base_model_dir, adapter_dir, config.model.precision)
+    stats = GenerationStats()
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows],
+        n=config.grpo.num_generations,
+        temperature=config.grpo.temperature,
+        max_new_tokens=config.grpo.max_completion_length,
+        batch_size=config.probe.batch_size,
+        seed=config.seed,
+        stats=stats,
+    )
+    scores = score_groups(config, rows, completions)
+    result = summarize(label, rows, scores)
+    result.tokens_per_second = stats.tokens_per_second
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    result.histogram_path = _histogram(result, scores["total"], stage_dir / f"probe_{label}_rewards.png")
+    result.samples_path = stage_dir / f"probe_{label}_samples.jsonl"
+    write_jsonl(
+        result.samples_path,
+        [
+            {
+                "id": row["id"],
+                "ground_truth": row["ground_truth"],
+                "completion": completions[i][j],
+                "reward": float(scores["total"][i, j]),
+                **{name: _plain(values[i, j]) for name, values in scores["per_function"].items()},
+            }
+            for i, row in enumerate(rows)
+            for j in range(len(completions[i]))
+        ],
+    )
+    (stage_dir / f"probe_{label}.json").write_text(json.dumps(result.to_json(), indent=2))
+    return result
+
+
+def _plain(value: float) -> float | None:
+    return None if np.isnan(value) else float(value)
+
+
+def sample_completions(result: ProbeResult, limit: int = 3) -> list[str]:
+    """A few probed completions to quote in messages."""
+    if result.samples_path is None or not result.samples_path.is_file():
+        return []
+    return [record["completion"] for record in read_jsonl(result.samples_path)[:limit]]
+
+
+@task(name="probe", cache_policy=NO_CACHE, task_run_name="probe-{label}")
+def probe_task(
+    config: PipelineConfig,
+    tracker: Tracker,
+    train_path: Path,
+    base_model_dir: Path,
+    adapter_dir: Path | None,
+    label: str,
+    gate: bool,
+) -> ProbeResult:
+    """Prefect wrapper: probe, log the distribution, and (when ``gate``) stop the flow on no learning signal."""
+    with tracker.stage(f"probe_{label}") as stage:
+        result = run_probe(config, train_path, base_model_dir, adapter_dir, stage.dir, label)
+        stage.log_metrics(
+            {
+                "reward_mean": result.reward_mean,
+                "reward_std": result.reward_std,
+                "signal_share": result.signal_share,
+                "pass_rate_mean": result.pass_rate_mean,
+                "all_zero_groups": result.all_zero_groups,
+                "all_max_groups": result.all_max_groups,
+                "tokens_per_second": result.tokens_per_second,
+                **{f"{name}_mean": v["mean"] for name, v in result.per_function.items()},
+            }
+        )
+        for path in (result.histogram_path, result.samples_path):
+            if path is not None:
+                stage.log_artifact(path, "probe")
+        publish_table(
+            f"probe-{label}",
+            [{"reward": name, **values} for name, values in result.per_function.items()]
+            + [{"reward": "weighted total", "mean": result.reward_mean, "std": result.reward_std}],
+        )
+        message = gate_message(result, config.probe.min_signal_share, sample_completions(result))
+        verdict = message or (
+            f"{label} probe: {result.signal_share:.0%} of groups carry signal, pass rate {result.pass_rate_mean:.1%}"
+        )
+        publish_markdown(f"probe-{label}-verdict", f"### probe ({label})\n{verdict}\n")
+        stage.set_tags({"verdict": verdict[:5000]})
+        if message and gate:
+            raise NoLearningSignal(message)
+        return result

@@ -1,0 +1,100 @@
+"""Scoring completions with the configured rewards, and the statistics probe, evaluation and promotion share:
+the unbiased pass@k estimator and bootstrap intervals (plain and paired)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, resolve_reward
+from tasks.config import PipelineConfig
+
+EXTRA_COLUMNS = ("tests", "schema", "labels", "id")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021) in its numerically stable product form.
+
+    >>> pass_at_k(10, 0, 1), pass_at_k(10, 10, 5), round(pass_at_k(10, 3, 2), 4), pass_at_k(4, 3, 2)
+    (0.0, 1.0, 0.5333, 1.0)
+    """
+    if k > n:
+        raise ValueError(f"k={k} exceeds n={n} samples")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def bootstrap_interval(values: Sequence[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the mean, resampling items (prompts).
+
+    >>> bootstrap_interval([1.0] * 10)
+    (1.0, 1.0)
+    """
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return (float(low), float(high))
+
+
+def paired_difference(
+    candidate: Sequence[float], reference: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Mean of per-prompt ``candidate - reference`` with a paired bootstrap 95 % interval over prompts.
+
+    >>> d = paired_difference([1, 1, 0, 1], [0, 1, 0, 0]); d["mean"], d["n"]
+    (0.5, 4)
+    """
+    if len(candidate) != len(reference):
+        raise ValueError("a paired comparison needs the same prompts on both sides")
+    differences = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
+    low, high = bootstrap_interval(differences, resamples, seed)
+    return {"mean": float(differences.mean()), "low": low, "high": high, "n": int(differences.size)}
+
+
+def reward_columns(rows: Sequence[dict[str, Any]], repeat: int) -> dict[str, list[Any]]:
+    """The dataset columns reward functions read, each value repeated ``repeat`` times (one per completion)."""
+    columns: dict[str, list[Any]] = {"ground_truth": [row["ground_truth"] for row in rows for _ in range(repeat)]}
+    for name in EXTRA_COLUMNS:
+        if any(name in row for row in rows):
+            columns[name] = [row.get(name) for row in rows for _ in range(repeat)]
+    return columns
+
+
+def correctness_function(config: PipelineConfig) -> Any:
+    """The reward that decides "correct" (pass@k, accuracy, promotion) for the task kind."""
+    return resolve_reward(CORRECTNESS_REWARD[config.data.kind])
+
+
+def score_groups(
+    config: PipelineConfig, rows: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]]
+) -> dict[str, Any]:
+    """Per-function rewards, the weighted total (None counts as 0, as TRL's ``nansum`` does) and correctness,
+    each as a ``prompts × samples`` array."""
+    group_size = len(completions[0]) if completions else 0
+    flat = [text for group in completions for text in group]
+    columns = reward_columns(rows, group_size)
+    functions, weights = build_reward_functions(config.rewards)
+    per_function: dict[str, np.ndarray] = {}
+    total = np.zeros(len(flat))
+    none_counts: dict[str, int] = {}
+    for function, weight in zip(functions, weights, strict=True):
+        values = function(completions=flat, **columns)
+        none_counts[function.__name__] = sum(v is None for v in values)
+        array = np.array([np.nan if v is None else v for v in values], dtype=float)
+        per_function[function.__name__] = array.reshape(len(rows), group_size)
+        total += weight * np.nan_to_num(array, nan=0.0)
+    correct = correctness_function(config)(completions=flat, **columns)
+    correct_array = np.array([0.0 if v is None else v for v in correct], dtype=float)
+    return {
+        "per_function": per_function,
+        "total": total.reshape(len(rows), group_size),
+        "correct": correct_array.reshape(len(rows), group_size),
+        "none_counts": none_counts,
+    }

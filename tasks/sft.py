@@ -1,0 +1,79 @@
+"""Stage 3, sft: TRL ``SFTTrainer`` + a PEFT LoRA adapter teaches the answer format."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.config import PipelineConfig
+from tasks.data import answer_completion, read_jsonl, render_prompt
+from tasks.models import load_base_model, load_tokenizer
+from tasks.tracking import Tracker
+from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config
+
+
+def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, str]]:
+    """Prompt/completion pairs: the row's ``completion`` when present, else the answer in the reward's format."""
+    return [
+        {
+            "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
+            "completion": row.get("completion") or answer_completion(config.data.kind, row["ground_truth"]),
+        }
+        for row in rows
+    ]
+
+
+def run_sft(
+    config: PipelineConfig,
+    train_path: Path,
+    base_model_dir: Path,
+    stage_dir: Path,
+    callbacks: Sequence[Any] = (),
+) -> TrainResult:
+    """Train a fresh LoRA adapter on the train split; returns its folder (adapter weights only)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = load_tokenizer(base_model_dir)
+    dataset = Dataset.from_list(sft_examples(read_jsonl(train_path), tokenizer, config))
+    model = load_base_model(base_model_dir, config.model.precision)
+    args = SFTConfig(
+        **common_trainer_args(config, stage_dir / "checkpoints"),
+        max_steps=config.sft.max_steps,
+        per_device_train_batch_size=config.sft.batch_size,
+        learning_rate=config.sft.learning_rate,
+        logging_steps=config.sft.logging_steps,
+        max_length=config.sft.max_length,
+        completion_only_loss=True,
+        lr_scheduler_type="cosine",
+        warmup_steps=0.1,
+    )
+    recorder = MetricsHistory()
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(config),
+        callbacks=[recorder, *callbacks],
+    )
+    started = time.perf_counter()
+    trainer.train()
+    adapter_dir = stage_dir / "adapter"
+    trainer.save_model(str(adapter_dir))
+    return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
+
+
+@task(name="sft", cache_policy=NO_CACHE)
+def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_model_dir: Path) -> TrainResult:
+    """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
+    with tracker.stage("sft") as stage:
+        stage.log_params({f"sft.{k}": v for k, v in config.sft.model_dump().items()})
+        result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[stage.trainer_callback()])
+        stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        return result
