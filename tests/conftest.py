@@ -1,0 +1,51 @@
+"""Shared fixtures: the tiny model (built once, locally), a temp output dir with its own MLflow store, and an
+isolated Prefect home, so tests run offline and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpoflow-tests-"))
+# Before Prefect, MLflow or transformers are imported anywhere.
+os.environ.update(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "PREFECT_HOME": str(_SESSION_DIR / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+)
+os.environ.setdefault("GRPOFLOW_CACHE", str(_SESSION_DIR / "cache"))
+
+import pytest  # noqa: E402
+
+from tasks.config import PipelineConfig, load_config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from tasks.models import TINY_RANDOM, resolve_model_source
+
+    return resolve_model_source(TINY_RANDOM)
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> PipelineConfig:
+    """configs/tiny.yaml with its outputs (and so its SQLite MLflow store) in a temp dir."""
+    return load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(tmp_path / "outputs")})
+
+
+@pytest.fixture(scope="session")
+def tiny_split(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny config's validated train / hold-out files, made once."""
+    from tasks.validate import run_validate
+
+    config = load_config(REPO / "configs" / "tiny.yaml")
+    return run_validate(config, tmp_path_factory.mktemp("split"))

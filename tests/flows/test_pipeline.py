@@ -1,0 +1,96 @@
+"""End to end: the real Prefect flow on the tiny model, with a real MLflow store in a temp dir."""
+
+import asyncio
+import json
+
+import pytest
+
+from flows.pipeline import pipeline
+from tasks.config import PipelineConfig
+from tasks.data import DataSourceError
+from tasks.probe import NoLearningSignal
+from tasks.tracking import RUN_ID_TAG, client_for
+
+STAGES = {"validate", "probe_base", "sft", "probe_sft", "grpo", "evaluate", "promote"}
+
+
+def _runs(config: PipelineConfig, run_id: str) -> list:
+    client = client_for(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    return client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+
+
+def _flow_run_names() -> set[str]:
+    from prefect.client.orchestration import get_client
+
+    async def names() -> set[str]:
+        async with get_client() as client:
+            return {run.name for run in await client.read_flow_runs(limit=50)}
+
+    return asyncio.run(names())
+
+
+def test_pipeline_runs_every_stage_and_registers_versions(tiny_config: PipelineConfig) -> None:
+    summary = pipeline(tiny_config, "tiny-e2e-1")
+    assert set(summary["stage_seconds"]) == STAGES
+    assert set(summary["evaluation"]["models"]) == {"base", "sft", "grpo"}
+    assert summary["promotion"]["version"] == "1"
+    assert (tiny_config.output_dir / "tiny-e2e-1" / "summary.json").is_file()
+
+    runs = _runs(tiny_config, "tiny-e2e-1")
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    stages = {r.data.tags["grpoflow.stage"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert set(stages) == STAGES and all(r.info.status == "FINISHED" for r in stages.values())
+    assert all(r.data.tags["mlflow.parentRunId"] == parent[0].info.run_id for r in stages.values())
+    client = client_for(tiny_config.resolved_tracking_uri())
+    grpo_history = client.get_metric_history(stages["grpo"].info.run_id, "reward")
+    assert [m.step for m in grpo_history] == list(range(1, tiny_config.grpo.max_steps + 1))
+    assert "loss" in stages["sft"].data.metrics and "peak_rss_mb" in stages["sft"].data.metrics
+    assert "grpo_pass_at_1" in stages["evaluate"].data.metrics
+    assert stages["validate"].data.tags["data_fingerprint"] == summary["data"]["fingerprint"]
+
+    name = tiny_config.tracking.registered_model_name
+    version = client.get_model_version(name, "1")
+    assert version.tags["pipeline_run_id"] == "tiny-e2e-1"
+    assert version.tags["base_model"] == "tiny-random"
+    assert version.tags["data_fingerprint"] == summary["data"]["fingerprint"]
+    assert version.tags["config_hash"] == tiny_config.config_hash()
+    assert client.get_model_version(f"{name}-sft", "1").tags["pipeline_run_id"] == "tiny-e2e-1"
+    assert "tiny-e2e-1" in _flow_run_names()
+
+    # A second run (another seed) registers a second version of each.
+    second = PipelineConfig.model_validate({**tiny_config.model_dump(), "seed": 2})
+    assert pipeline(second, "tiny-e2e-2")["promotion"]["version"] == "2"
+    assert client.get_model_version(f"{name}-sft", "2")
+
+
+def test_probe_gate_stops_before_grpo_and_registers_nothing(tiny_config: PipelineConfig) -> None:
+    gated = PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "rewards": [{"name": "math_accuracy"}],
+            "probe": {**tiny_config.probe.model_dump(), "min_signal_share": 0.5},
+        }
+    )
+    with pytest.raises(NoLearningSignal, match="all rewards 0 in"):
+        pipeline(gated, "tiny-gated")
+    summary = json.loads((gated.output_dir / "tiny-gated" / "summary.json").read_text())
+    assert "all-zero rewards" in summary["stopped"]
+    assert "grpo" not in summary["stage_seconds"]
+    runs = _runs(gated, "tiny-gated")
+    assert all(r.info.status in ("FINISHED", "FAILED") for r in runs)  # nothing left RUNNING
+    client = client_for(gated.resolved_tracking_uri())
+    assert not client.search_model_versions(f"name = '{gated.tracking.registered_model_name}'")
+
+
+def test_missing_data_file_fails_before_any_model_is_loaded(tiny_config: PipelineConfig, tmp_path) -> None:
+    broken = PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "data": {**tiny_config.data.model_dump(), "source": str(tmp_path / "missing.jsonl")},
+            "model": {"source": str(tmp_path / "no-such-model")},  # would fail differently if reached
+        }
+    )
+    with pytest.raises(DataSourceError, match=str(tmp_path / "missing.jsonl")):
+        pipeline(broken, "tiny-missing-data")

@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, PipelineConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_typo_fails_at_load_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("grpo:\n  num_generation: 4\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert "grpo.num_generation" in str(error.value)
+    assert str(path) in str(error.value)
+
+
+def test_mistyped_value_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("sft:\n  max_steps: many\n")
+    with pytest.raises(ConfigError, match=r"sft\.max_steps"):
+        load_config(path)
+
+
+def test_unknown_reward_lists_known_ones() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides={"rewards": [{"name": "math_acuracy"}]})
+    assert "rewards.0.name" in str(error.value)
+    assert "math_accuracy" in str(error.value)  # the list of known names
+
+
+def test_import_path_reward_is_accepted_statically() -> None:
+    config = load_config(overrides={"rewards": [{"name": "my_pkg.rewards:score", "weight": 0.5}]})
+    assert config.rewards[0].weight == 0.5
+
+
+def test_batch_must_hold_whole_groups() -> None:
+    with pytest.raises(ConfigError, match="multiple of grpo.num_generations"):
+        load_config(overrides={"grpo.batch_size": 10, "grpo.num_generations": 4})
+
+
+def test_n_samples_must_cover_largest_k() -> None:
+    with pytest.raises(ConfigError, match="largest k"):
+        load_config(overrides={"evaluation.n_samples": 2, "evaluation.k": [1, 4]})
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nowhere.yaml"):
+        load_config(tmp_path / "nowhere.yaml")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load_statically(path: Path) -> None:
+    # Loading touches no network or model: Hub model ids validate here even though they cannot run offline.
+    assert isinstance(load_config(path), PipelineConfig)
+
+
+def test_config_hash_ignores_output_dir_but_not_seed() -> None:
+    a = load_config(overrides={"output_dir": "/tmp/a"})
+    b = load_config(overrides={"output_dir": "/tmp/b"})
+    c = load_config(overrides={"seed": 3})
+    assert a.config_hash() == b.config_hash() != c.config_hash()
+
+
+def test_default_tracking_store_is_sqlite_under_output_dir(tmp_path: Path) -> None:
+    config = load_config(overrides={"output_dir": str(tmp_path)})
+    assert config.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"

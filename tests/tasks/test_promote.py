@@ -1,0 +1,132 @@
+"""Promotion and rollback on a real MLflow store (SQLite in a temp dir)."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.config import PromotionSettings
+from tasks.evaluate import ModelScores
+from tasks.promote import decide_promotion, run_promote
+from tasks.scoring import paired_difference, pass_at_k
+from tasks.tracking import (
+    CHALLENGER,
+    CHAMPION,
+    alias_version,
+    client_for,
+    fetch_adapter,
+    rollback_champion,
+    start_pipeline,
+)
+
+
+def scores(name: str, per_prompt: list[float], n: int = 4) -> ModelScores:
+    counts = [round(p * n) for p in per_prompt]
+    return ModelScores(
+        name=name,
+        n_prompts=len(per_prompt),
+        n_samples=n,
+        greedy_accuracy=float(np.mean(per_prompt)),
+        pass_at_k={k: float(np.mean([pass_at_k(n, c, k) for c in counts])) for k in (1, 2, 4)},
+        pass1_interval=(0.0, 1.0),
+        per_prompt_pass1=per_prompt,
+        per_prompt_greedy=per_prompt,
+    )
+
+
+def test_gate_never_promotes_a_worse_pass1_on_random_pairs() -> None:
+    rng = random.Random(0)
+    settings = PromotionSettings()
+    promoted = 0
+    for trial in range(300):
+        prompts = rng.randint(5, 60)
+        reference = [rng.choice([0, 0.25, 0.5, 0.75, 1.0]) for _ in range(prompts)]
+        shift = rng.uniform(-0.5, 0.5)
+        candidate = [min(1.0, max(0.0, r + rng.choice([0, 0.25, -0.25]) + shift)) for r in reference]
+        candidate = [round(c * 4) / 4 for c in candidate]
+        difference = paired_difference(candidate, reference, 500, trial)
+        ok, reason = decide_promotion(scores("grpo", candidate), scores("base", reference), difference, settings)
+        if ok:
+            promoted += 1
+            assert np.mean(candidate) > np.mean(reference), reason
+    assert promoted > 20  # the gate does promote clear gains
+
+
+@pytest.fixture
+def adapter_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    model = get_peft_model(load_base_model(tiny_model_dir), LoraConfig(r=2, target_modules="all-linear"))
+    model.save_pretrained(tmp_path / "adapter")
+    return tmp_path / "adapter"
+
+
+def promote(config, tracker, adapter_dir, candidate, reference, champion):
+    with tracker.stage("promote") as stage:
+        return run_promote(
+            stage,
+            config.tracking.registered_model_name,
+            adapter_dir,
+            adapter_dir,
+            candidate,
+            reference,
+            paired_difference(candidate.per_prompt_pass1, reference.per_prompt_pass1),
+            champion,
+            config.promotion,
+            {"base_model": "tiny-random", "pipeline_run_id": tracker.run_id},
+        )
+
+
+def test_better_promoted_worse_not_and_rollback_restores(tiny_config, adapter_dir, tmp_path) -> None:
+    config = tiny_config
+    name = config.tracking.registered_model_name
+    client = client_for(config.resolved_tracking_uri())
+    tracker = start_pipeline(config, "run-1", tmp_path / "run-1")
+    base = scores("base", [0.0, 0.25] * 20)
+    good = scores("grpo", [0.75, 1.0] * 20)
+    first = promote(config, tracker, adapter_dir, good, base, None)
+    assert first.promoted and first.version == "1" and first.sft_version == "1"
+    assert str(alias_version(client, name, CHAMPION).version) == "1"
+    version = client.get_model_version(name, "1")
+    assert version.tags["base_model"] == "tiny-random" and version.tags["pipeline_run_id"] == "run-1"
+    assert client.get_model_version(f"{name}-sft", "1")
+
+    # A worse candidate, compared with the champion: registered, not promoted, reason recorded.
+    worse = scores("grpo", [0.5, 0.5] * 20)
+    second = promote(config, tracker, adapter_dir, worse, scores("champion", good.per_prompt_pass1), "1")
+    assert not second.promoted and "does not exceed the margin" in second.reason
+    assert str(alias_version(client, name, CHAMPION).version) == "1"
+    assert str(alias_version(client, name, CHALLENGER).version) == "2"
+    assert "margin" in client.get_model_version(name, "2").tags["grpoflow.promotion_decision"]
+
+    # A better one becomes champion; rollback moves the alias back and the alias then loads the old one.
+    third = promote(config, tracker, adapter_dir, scores("grpo", [1.0] * 40), scores("champion", [0.5] * 40), "1")
+    assert third.promoted and str(alias_version(client, name, CHAMPION).version) == "3"
+    assert rollback_champion(client, name, reason="test") == "1"
+    assert str(alias_version(client, name, CHAMPION).version) == "1"
+    base_source, local, loaded = fetch_adapter(
+        config.resolved_tracking_uri(), f"models:/{name}@champion", tmp_path / "d"
+    )
+    assert base_source == "tiny-random" and str(loaded.version) == "1"
+    assert (local / "adapter_config.json").is_file()
+
+
+def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, adapter_dir, tmp_path) -> None:
+    tracker = start_pipeline(tiny_config, "run-a", tmp_path / "run-a")
+    base = scores("base", [0.0] * 20)
+    promote(tiny_config, tracker, adapter_dir, scores("grpo", [0.5] * 20), base, None)
+    # This run evaluated with no champion present, but another run promoted meanwhile.
+    late = promote(tiny_config, tracker, adapter_dir, scores("grpo", [1.0] * 20), base, None)
+    assert not late.promoted and "champion moved" in late.reason
+
+
+def test_rollback_without_history_is_a_clear_error(tiny_config, adapter_dir, tmp_path) -> None:
+    from tasks.tracking import RegistryError
+
+    tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")
+    promote(tiny_config, tracker, adapter_dir, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
+    with pytest.raises(RegistryError, match="no earlier champion"):
+        rollback_champion(client_for(tiny_config.resolved_tracking_uri()), tiny_config.tracking.registered_model_name)

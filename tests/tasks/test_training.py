@@ -1,0 +1,32 @@
+"""SFT and GRPO with the real TRL trainers on the tiny model: one adapter, trained by SFT, continued by GRPO."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from tasks.config import PipelineConfig
+from tasks.grpo import run_grpo
+from tasks.sft import run_sft
+
+
+def test_sft_then_grpo_continue_one_adapter(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
+    # A length reward gives the random model a learning signal, so GRPO's update is not zero.
+    config = PipelineConfig.model_validate(
+        {**tiny_config.model_dump(), "rewards": [{"name": "length_closeness", "args": {"target_chars": 4}}]}
+    )
+    sft = run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
+    assert sft.steps == config.sft.max_steps
+    assert sft.last("loss") is not None or sft.last("train_loss") is not None
+    grpo = run_grpo(config, tiny_split.train_path, tiny_model_dir, sft.adapter_dir, tmp_path / "grpo")
+    assert grpo.steps == config.grpo.max_steps
+    assert grpo.last("rewards/length_closeness/mean") is not None
+    assert grpo.last("frac_reward_zero_std") is not None
+
+    sft_config = json.loads((sft.adapter_dir / "adapter_config.json").read_text())
+    grpo_config = json.loads((grpo.adapter_dir / "adapter_config.json").read_text())
+    assert sft_config["r"] == grpo_config["r"] == config.lora.r
+    sft_weights = load_file(sft.adapter_dir / "adapter_model.safetensors")
+    grpo_weights = load_file(grpo.adapter_dir / "adapter_model.safetensors")
+    assert sft_weights.keys() == grpo_weights.keys()  # the same adapter, continued
+    assert any(not torch.equal(sft_weights[k], grpo_weights[k]) for k in sft_weights)  # and trained further

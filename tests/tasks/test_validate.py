@@ -1,0 +1,153 @@
+"""The validate stage on messy data: every bad row quarantined with a reason, every good row kept."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tasks.config import DataSettings, load_config
+from tasks.validate import (
+    QuarantineLimitExceeded,
+    enforce_limits,
+    fingerprint,
+    holdout_side,
+    normalize_math,
+    run_validate,
+    validate_rows,
+)
+
+GOOD = [
+    {"id": "g1", "prompt": "What is 2 + 2?", "ground_truth": "4"},
+    {"id": "g2", "prompt": [{"role": "user", "content": "What is 10 + 5?"}], "ground_truth": "#### 15"},
+    {"id": "g3", "prompt": "Half of one?", "ground_truth": "\\boxed{\\frac{1}{2}}"},
+    {"id": "g4", "prompt": "How many dollars?", "ground_truth": "$1,234"},
+    {"id": "g5", "prompt": "Same row twice", "ground_truth": "7"},
+]
+
+# (row, a word the reason must contain)
+BAD = [
+    ({"id": "b1", "ground_truth": "1"}, "missing column 'prompt'"),
+    ({"id": "b2", "prompt": "p2"}, "missing column 'ground_truth'"),
+    ({"id": "b3", "prompt": None, "ground_truth": "1"}, "prompt is null"),
+    ({"id": "b4", "prompt": "", "ground_truth": "1"}, "empty"),
+    ({"id": "b5", "prompt": "   \n\t", "ground_truth": "1"}, "whitespace"),
+    ({"id": "b6", "prompt": 42, "ground_truth": "1"}, "prompt has type int"),
+    ({"id": "b7", "prompt": "p7", "ground_truth": None}, "ground_truth is null"),
+    ({"id": "b8", "prompt": "p8", "ground_truth": ""}, "ground_truth is empty"),
+    ({"id": "b9", "prompt": "p9", "ground_truth": ["4"]}, "ground_truth has type list"),
+    ({"id": "b10", "prompt": "p10", "ground_truth": math.nan}, "ground_truth is null"),
+    ({"id": "b11", "prompt": "p11", "ground_truth": "\\frac{"}, "not parseable by math-verify"),
+    ({"id": "b12", "prompt": "p12", "ground_truth": {"a": {"b": [1]}}}, "ground_truth has type dict"),
+    ({"id": "b13", "prompt": "x" * 5000, "ground_truth": "1"}, "outside [1, 4000]"),
+    ({"id": "b14", "prompt": "bad \ud800 surrogate", "ground_truth": "1"}, "lone surrogate"),
+    ({"id": "b15", "prompt": [{"role": "user"}], "ground_truth": "1"}, "not a {role, content} object"),
+    ({"id": "b16", "prompt": [{"role": "robot", "content": "hi"}], "ground_truth": "1"}, "role 'robot'"),
+    ({"id": "b17", "prompt": [], "ground_truth": "1"}, "empty message list"),
+    ({"id": "b18", "prompt": "p18", "ground_truth": True}, "ground_truth has type bool"),
+    ({"id": ["x"], "prompt": "p19", "ground_truth": "1"}, "id has type list"),
+    ({"id": "b20", "prompt": "p20", "ground_truth": math.inf}, "ground_truth is inf"),
+    ({"id": "b21", "prompt": [{"role": "user", "content": 5}], "ground_truth": "1"}, "content is not a string"),
+    ("just a string", "row is a str"),
+    ({"id": "b23", "prompt": "p23", "ground_truth": "1", "completion": ["x"]}, "completion has type list"),
+    ({"id": "b24", "prompt": "p24", "ground_truth": "   "}, "whitespace"),
+    ({"id": "b25", "prompt": "p25", "ground_truth": "???"}, "not parseable by math-verify"),
+]
+
+DUPLICATES = [
+    # the same row twice: the first is kept, the second quarantined
+    ({"id": "g5", "prompt": "Same row twice", "ground_truth": "7"}, "duplicate of row 'g5'"),
+    # an id reused with other content
+    ({"id": "g1", "prompt": "A different question", "ground_truth": "9"}, "id 'g1' reused"),
+]
+CONFLICT = [
+    {"id": "c1", "prompt": "What is 3 + 3?", "ground_truth": "6"},
+    {"id": "c2", "prompt": "What is 3 + 3?  ", "ground_truth": "7"},
+]
+
+
+def test_every_bad_row_is_quarantined_with_its_reason_and_good_rows_kept() -> None:
+    raw = GOOD + [row for row, _ in BAD] + [row for row, _ in DUPLICATES] + CONFLICT
+    kept, quarantined, gx = validate_rows(raw, DataSettings(kind="math"))
+    assert [row["id"] for row in kept] == [row["id"] for row in GOOD]
+    assert len(kept) + len(quarantined) == len(raw)  # counts reconcile: nothing silently dropped
+    reasons_by_index = {record["row_index"]: " ".join(record["reasons"]) for record in quarantined}
+    expectations = BAD + DUPLICATES
+    for offset, (row, expected) in enumerate(expectations):
+        index = len(GOOD) + offset
+        assert expected in reasons_by_index[index], (row, reasons_by_index.get(index))
+        assert quarantined[[r["row_index"] for r in quarantined].index(index)]["row"] == row  # original kept
+    conflict_reasons = [reasons_by_index[len(raw) - 2], reasons_by_index[len(raw) - 1]]
+    assert all("conflicting ground truth" in reason for reason in conflict_reasons)
+    assert gx["success"] is True
+
+
+def test_normalized_ground_truth_keeps_the_raw_value() -> None:
+    kept, _, _ = validate_rows(GOOD, DataSettings(kind="math"))
+    assert [(r["ground_truth"], r["ground_truth_raw"]) for r in kept][:4] == [
+        ("4", "4"),
+        ("15", "#### 15"),
+        ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}"),
+        ("1234", "$1,234"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalized"),
+    [("#### 72", "72"), ("1,000,000", "1000000"), ("3.50", "3.5"), ("-0", "0"), ("12 cm", "12"), (18.0, "18")],
+)
+def test_math_normalization(raw: object, normalized: str) -> None:
+    assert normalize_math(raw) == normalized
+
+
+def test_labels_and_json_and_code() -> None:
+    label_rows = [
+        {"id": "1", "prompt": "p1", "ground_truth": " POSITIVE "},
+        {"id": "2", "prompt": "p2", "ground_truth": "meh"},
+    ]
+    kept, quarantined, _ = validate_rows(label_rows, DataSettings(kind="label", labels=["positive", "negative"]))
+    assert kept[0]["ground_truth"] == "positive"
+    assert "not in the allowed set" in quarantined[0]["reasons"][0]
+    json_rows = [
+        {"id": "1", "prompt": "p", "ground_truth": '{"b":1, "a":2}'},
+        {"id": "2", "prompt": "q", "ground_truth": "{"},
+    ]
+    kept, quarantined, _ = validate_rows(json_rows, DataSettings(kind="json"))
+    assert kept[0]["ground_truth"] == '{"a":2,"b":1}'
+    assert "not valid JSON" in quarantined[0]["reasons"][0]
+    code_rows = [
+        {"id": "1", "prompt": "p", "ground_truth": "x", "tests": "assert f() == 1"},
+        {"id": "2", "prompt": "q", "ground_truth": "x", "tests": "assert f( == 1"},
+    ]
+    kept, quarantined, _ = validate_rows(code_rows, DataSettings(kind="code"))
+    assert [r["id"] for r in kept] == ["1"]
+    assert "syntax error" in quarantined[0]["reasons"][0]
+
+
+def test_split_is_stable_when_rows_are_added() -> None:
+    prompts = [f"What is {i} + {i}?" for i in range(400)]
+    sides = {p: holdout_side(p, 0.2) for p in prompts}
+    more = prompts + [f"New question {i}" for i in range(400)]
+    assert all(holdout_side(p, 0.2) == sides[p] for p in more[:400])
+    share = sum(sides.values()) / len(sides)
+    assert 0.12 < share < 0.28
+
+
+def test_fingerprint_is_order_independent_and_content_sensitive() -> None:
+    kept, _, _ = validate_rows(GOOD, DataSettings())
+    assert fingerprint(kept) == fingerprint(list(reversed(kept)))
+    assert fingerprint(kept) != fingerprint(kept[:-1])
+
+
+def test_stage_writes_files_and_enforces_the_quarantine_limit(tmp_path: Path) -> None:
+    data = tmp_path / "rows.jsonl"
+    lines = [json.dumps(r) for r in GOOD] + ['{"broken json', json.dumps({"id": "z", "prompt": "p"})]
+    data.write_bytes(("\n".join(lines) + "\n").encode() + b'{"prompt": "\xff\xfe", "ground_truth": "1"}\n')
+    config = load_config(overrides={"data.source": str(data), "data.max_quarantine_share": 0.2})
+    result = run_validate(config, tmp_path / "validate")
+    assert (result.rows_in, result.rows_kept, result.rows_quarantined) == (8, 5, 3)
+    quarantined = [json.loads(line) for line in result.quarantine_path.read_text().splitlines()]
+    reasons = " ".join(" ".join(q["reasons"]) for q in quarantined)
+    assert "invalid JSON on line 6" in reasons and "invalid UTF-8" in reasons and "missing column" in reasons
+    with pytest.raises(QuarantineLimitExceeded, match="3/8 rows quarantined"):
+        enforce_limits(result, config)
