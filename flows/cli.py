@@ -205,5 +205,55 @@ def generate(
     sys.stdout.write(answer + "\n")
 
 
+@app.command()
+def evaluate(
+    model: Annotated[str, typer.Option(help="models:/NAME@ALIAS or models:/NAME/VERSION to evaluate alone.")],
+    config: ConfigArg = None,
+    set_: SetOption = None,
+) -> None:
+    """Evaluate a registered adapter alone on the config's hold-out split (and the base model beside it)."""
+    from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate
+    from tasks.models import resolve_model_source
+    from tasks.tracking import fetch_adapter
+    from tasks.validate import enforce_limits, run_validate
+
+    _setup_logging()
+    cfg = _config(config, set_)
+    data = run_validate(cfg, cfg.output_dir / "validate")
+    enforce_limits(data, cfg)
+    scratch = cfg.output_dir / "evaluate-registered"
+    base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, scratch / "download")
+    base_dir = resolve_model_source(base)
+    specs = [ModelSpec("base", base_dir), ModelSpec(f"v{version.version}", base_dir, adapter_dir)]
+    result = run_evaluate(cfg, data.holdout_path, specs, scratch)
+    table = Table(title=f"{model} on {data.rows_holdout} hold-out rows")
+    rows = evaluation_table(result)
+    for column in rows[0]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    console.print(table)
+    console.print_json(json.dumps({"comparisons": result.comparisons, "forgetting": result.forgetting}))
+
+
+@app.command()
+def export(
+    model: Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
+    merged: Annotated[Path, typer.Option("--merged", help="Write base + adapter merged into this folder.")],
+    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+) -> None:
+    """Write a merged model folder (base weights with the adapter folded in) that transformers and vLLM load."""
+    import tempfile
+
+    from tasks.models import export_merged
+    from tasks.tracking import fetch_adapter
+
+    cfg = _config(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, Path(scratch))
+        export_merged(base, adapter_dir, merged)
+    console.print(f"{model} (version {version.version}) merged into {merged}")
+
+
 if __name__ == "__main__":
     app()

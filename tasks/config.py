@@ -154,6 +154,9 @@ class EvaluationSettings(_Strict):
     max_new_tokens: int = Field(24, ge=1)
     batch_size: int = Field(64, ge=1)
     bootstrap_resamples: int = Field(2000, ge=100)
+    forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
+    general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")
+    general_questions: Path | None = Field(None, description="JSONL of {question, answers}. Default: shipped.")
 
     @model_validator(mode="after")
     def _n_covers_k(self) -> EvaluationSettings:
@@ -165,6 +168,8 @@ class EvaluationSettings(_Strict):
 class PromotionSettings(_Strict):
     margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
     pass_at_k_tolerance: float = Field(0.02, ge=0.0)
+    max_qa_accuracy_drop: float = Field(0.1, description="Forgetting: general-QA accuracy points lost vs base.")
+    max_perplexity_increase: float = Field(0.25, description="Forgetting: relative general-text perplexity rise.")
 
 
 class TrackingSettings(_Strict):

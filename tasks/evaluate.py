@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
+from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, forgetting, general_ability
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_table
@@ -41,6 +42,7 @@ class ModelScores:
     per_prompt_pass1: list[float] = field(repr=False)
     per_prompt_greedy: list[float] = field(repr=False)
     tokens_per_second: float = 0.0
+    general: GeneralAbility | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class ModelScores:
             "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()},
             "pass1_interval": list(self.pass1_interval),
             "tokens_per_second": self.tokens_per_second,
+            "general": self.general.to_json() if self.general else None,
         }
 
 
@@ -60,11 +63,13 @@ class EvalResult:
     comparisons: dict[str, dict[str, float]]
     table_path: Path
     curve_path: Path
+    forgetting: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "models": {name: s.to_json() for name, s in self.scores.items()},
             "comparisons": self.comparisons,
+            "forgetting": self.forgetting,
         }
 
 
@@ -88,6 +93,15 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
     greedy_correct = score_groups(config, rows, greedy)["correct"][:, 0]
     sample_correct = score_groups(config, rows, sampled)["correct"]
     counts = sample_correct.sum(axis=1).astype(int)
+    general = None
+    if settings.forgetting:
+        general = general_ability(
+            model,
+            tokenizer,
+            settings.general_corpus or DEFAULT_CORPUS,
+            settings.general_questions or DEFAULT_QUESTIONS,
+            batch_size=settings.batch_size,
+        )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     return ModelScores(
         name=spec.name,
@@ -99,6 +113,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         per_prompt_pass1=per_prompt_pass1,
         per_prompt_greedy=greedy_correct.tolist(),
         tokens_per_second=stats.tokens_per_second,
+        general=general,
     )
 
 
@@ -141,8 +156,12 @@ def run_evaluate(config: PipelineConfig, holdout_path: Path, models: list[ModelS
         for name, score in scores.items()
         if name != candidate
     }
+    base, final = scores[models[0].name], scores[candidate]
+    drop = forgetting(base.general, final.general) if base.general and final.general else None
     stage_dir.mkdir(parents=True, exist_ok=True)
-    result = EvalResult(scores, comparisons, stage_dir / "evaluation.json", _curve(scores, stage_dir / "pass_at_k.png"))
+    result = EvalResult(
+        scores, comparisons, stage_dir / "evaluation.json", _curve(scores, stage_dir / "pass_at_k.png"), drop
+    )
     result.table_path.write_text(json.dumps(result.to_json(), indent=2))
     return result
 
@@ -159,9 +178,13 @@ def evaluate_task(config: PipelineConfig, tracker: Tracker, holdout_path: Path, 
                     f"{name}_pass1_low": score.pass1_interval[0],
                     f"{name}_pass1_high": score.pass1_interval[1],
                     f"{name}_tokens_per_second": score.tokens_per_second,
+                    f"{name}_general_qa_accuracy": score.general.qa_accuracy if score.general else None,
+                    f"{name}_general_perplexity": score.general.perplexity if score.general else None,
                     **{f"{name}_pass_at_{k}": v for k, v in score.pass_at_k.items()},
                 }
             )
+        if result.forgetting:
+            stage.log_metrics({f"forgetting_{k}": v for k, v in result.forgetting.items()})
         for key, difference in result.comparisons.items():
             stage.log_metrics({f"{key}_gain": difference["mean"], f"{key}_gain_low": difference["low"]})
         stage.log_artifact(result.table_path, "evaluate")
@@ -180,6 +203,8 @@ def evaluation_table(result: EvalResult) -> list[dict[str, Any]]:
             "greedy": round(score.greedy_accuracy, 4),
             **{f"pass@{k}": round(v, 4) for k, v in score.pass_at_k.items()},
             "pass@1 95% CI": f"[{score.pass1_interval[0]:.3f}, {score.pass1_interval[1]:.3f}]",
+            "general QA": round(score.general.qa_accuracy, 4) if score.general else None,
+            "general ppl": round(score.general.perplexity, 3) if score.general else None,
         }
         for name, score in result.scores.items()
     ]

@@ -146,11 +146,17 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
 
 
 def bf16_supported() -> bool:
-    """Whether this machine multiplies bf16 natively (CUDA bf16, or a CPU with AVX-512 BF16 / AMX)."""
+    """Whether this machine multiplies bf16 natively (CUDA bf16, or a CPU with AVX-512 BF16 or AMX)."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    check = getattr(torch.backends.mkldnn, "is_bf16_supported", None)
-    return bool(check and check())
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if any(check is not None and check() for check in checks):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def resolve_dtype(precision: str) -> torch.dtype:
@@ -201,6 +207,15 @@ def load_policy(
 
     return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
 
+
+def export_merged(base_source: str, adapter_dir: Path, destination: Path) -> Path:
+    """Fold a LoRA adapter into its base model and save a plain model folder (weights, config, tokenizer)."""
+    base_dir = resolve_model_source(base_source)
+    merged = load_policy(base_dir, adapter_dir, "fp32").merge_and_unload()
+    destination.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(destination)
+    load_tokenizer(base_dir).save_pretrained(destination)
+    return destination
 
 
 @task(name="resolve-model", cache_policy=NO_CACHE)

@@ -39,9 +39,14 @@ class PromotionResult:
 
 
 def decide_promotion(
-    candidate: ModelScores, reference: ModelScores, difference: dict[str, float], settings: PromotionSettings
+    candidate: ModelScores,
+    reference: ModelScores,
+    difference: dict[str, float],
+    settings: PromotionSettings,
+    forgetting: dict[str, float] | None = None,
 ) -> tuple[bool, str]:
-    """The gate (pure): the paired interval's lower end must clear the margin and pass@k must not drop.
+    """The gate (pure): the paired interval's lower end must clear the margin, pass@k must not drop, and
+    general ability (``forgetting``, measured against the base model) must stay within its tolerances.
 
     >>> from tasks.evaluate import ModelScores
     >>> a = ModelScores("grpo", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
@@ -64,6 +69,17 @@ def decide_promotion(
                 f"pass@{k} {value:.3f} is below {name}'s {reference.pass_at_k[k]:.3f} by more than "
                 f"{settings.pass_at_k_tolerance:.3f}"
             )
+    if forgetting is not None:
+        if forgetting["qa_accuracy_drop"] > settings.max_qa_accuracy_drop:
+            return False, (
+                f"forgetting: general QA accuracy fell {forgetting['qa_accuracy_drop']:.1%} from the base model "
+                f"(tolerance {settings.max_qa_accuracy_drop:.1%})"
+            )
+        if forgetting["perplexity_increase"] > settings.max_perplexity_increase:
+            return False, (
+                f"forgetting: general-text perplexity rose {forgetting['perplexity_increase']:.1%} over the base "
+                f"model (tolerance {settings.max_perplexity_increase:.1%})"
+            )
     return True, (
         f"pass@1 gain over {name} {difference['mean']:+.3f}, paired 95% CI "
         f"[{difference['low']:+.3f}, {difference['high']:+.3f}] (n={difference['n']} prompts)"
@@ -81,6 +97,7 @@ def run_promote(
     champion_at_evaluation: str | None,
     settings: PromotionSettings,
     lineage: dict[str, Any],
+    forgetting: dict[str, float] | None = None,
 ) -> PromotionResult:
     """Log and register the adapters, then apply the gate. Aliases move only after registration succeeded,
     and only if ``champion`` still points where it did when the candidate was evaluated."""
@@ -96,6 +113,7 @@ def run_promote(
         **{f"pass_at_{k}": v for k, v in candidate.pass_at_k.items()},
         f"gain_vs_{reference.name}": difference["mean"],
         f"gain_vs_{reference.name}_low": difference["low"],
+        **{f"forgetting_{k}": v for k, v in (forgetting or {}).items()},
     }
     tags = {**lineage, **{f"metric.{k}": f"{v:.4f}" for k, v in metrics.items() if v is not None}}
     sft_version = None
@@ -103,7 +121,7 @@ def run_promote(
         sft_version = register_adapter(client, f"{registered_model}-sft", stage.run_id, "sft_adapter", tags)
     version = register_adapter(client, registered_model, stage.run_id, "adapter", tags)
 
-    promote, reason = decide_promotion(candidate, reference, difference, settings)
+    promote, reason = decide_promotion(candidate, reference, difference, settings, forgetting)
     current = alias_version(client, registered_model, CHAMPION)
     current_version = None if current is None else str(current.version)
     if promote and current_version != champion_at_evaluation:
@@ -151,7 +169,8 @@ def promote_task(
             evaluation.comparisons[f"{candidate}-vs-{reference}"],
             champion_at_evaluation,
             config.promotion,
-            {**lineage, "promote_run_id": stage.run_id},
+            {**lineage, **tracker.stage_run_ids(), "promote_run_id": stage.run_id},
+            evaluation.forgetting,
         )
         verdict = "became **champion**" if result.promoted else "set as challenger (not promoted)"
         publish_markdown(

@@ -112,6 +112,11 @@ class Tracker:
     def client(self) -> Any:
         return client_for(self.tracking_uri)
 
+    def stage_run_ids(self) -> dict[str, str]:
+        """``{"<stage>_run_id": mlflow run id}`` for the stages of this pipeline run so far (lineage tags)."""
+        runs = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'")
+        return {f"{run.data.tags[STAGE_TAG]}_run_id": run.info.run_id for run in runs if STAGE_TAG in run.data.tags}
+
     @contextmanager
     def stage(self, name: str) -> Iterator[StageRun]:
         """A nested MLflow run for one stage; closed FINISHED or FAILED, with wall time and peak memory."""

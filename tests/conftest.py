@@ -49,3 +49,21 @@ def tiny_split(tmp_path_factory: pytest.TempPathFactory):
 
     config = load_config(REPO / "configs" / "tiny.yaml")
     return run_validate(config, tmp_path_factory.mktemp("split"))
+
+
+@pytest.fixture
+def tiny_adapter(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A freshly initialised LoRA adapter over the tiny model, saved the way the trainers save theirs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(load_base_model(tiny_model_dir), LoraConfig(r=2, target_modules="all-linear"))
+    with torch.no_grad():  # LoRA B starts at zero; make the adapter change the outputs
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "adapter")
+    return tmp_path / "adapter"

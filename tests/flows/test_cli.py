@@ -23,3 +23,74 @@ def test_validate_command_writes_the_split(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert (tmp_path / "validate" / "train.jsonl").is_file()
     assert '"rows_in": 50' in result.output
+
+
+def _registered(tmp_path: Path, adapter: Path, versions: int = 2) -> Path:
+    """A config file whose MLflow store holds ``versions`` versions of the tiny adapter; the last is champion."""
+    import yaml
+
+    from tasks.config import load_config
+    from tasks.tracking import client_for, move_champion, register_adapter, start_pipeline
+
+    config_path = tmp_path / "cli.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                **yaml.safe_load(Path("configs/tiny.yaml").read_text()),
+                "output_dir": str(tmp_path / "out"),
+                "tracking": {"registered_model_name": "cli-model"},
+            }
+        )
+    )
+    config = load_config(config_path)
+    tracker = start_pipeline(config, "cli-run", tmp_path / "out" / "cli-run")
+    client = client_for(config.resolved_tracking_uri())
+    with tracker.stage("promote") as stage:
+        stage.log_artifact(adapter, "adapter")
+        for _ in range(versions):
+            version = register_adapter(client, "cli-model", stage.run_id, "adapter", {"base_model": "tiny-random"})
+            move_champion(client, "cli-model", version, "test")
+    return config_path
+
+
+def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_adapter: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.models import load_policy, resolve_model_source
+
+    config = _registered(tmp_path, tiny_adapter)
+    result = runner.invoke(
+        app,
+        [
+            "generate",
+            "What is 1 + 1?",
+            "--model",
+            "models:/cli-model@champion",
+            "--config",
+            str(config),
+            "--max-new-tokens",
+            "5",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "version 2" in result.output
+
+    merged = tmp_path / "merged"
+    result = runner.invoke(
+        app, ["export", "models:/cli-model@champion", "--merged", str(merged), "--config", str(config)]
+    )
+    assert result.exit_code == 0, result.output
+    plain = AutoModelForCausalLM.from_pretrained(merged)
+    assert not any("lora" in name for name, _ in plain.named_parameters())
+    policy = load_policy(resolve_model_source("tiny-random"), tiny_adapter)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    torch.testing.assert_close(plain(ids).logits, policy(ids).logits, rtol=1e-4, atol=1e-4)
+
+    result = runner.invoke(app, ["rollback", "cli-model", "--config", str(config), "--reason", "bad outputs"])
+    assert result.exit_code == 0, result.output
+    assert "cli-model@champion → version 1" in result.output
+
+    result = runner.invoke(app, ["evaluate", str(config), "--model", "models:/cli-model@champion"])
+    assert result.exit_code == 0, result.output
+    assert "v1" in result.output and "pass@1" in result.output

@@ -53,17 +53,6 @@ def test_gate_never_promotes_a_worse_pass1_on_random_pairs() -> None:
     assert promoted > 20  # the gate does promote clear gains
 
 
-@pytest.fixture
-def adapter_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-
-    from tasks.models import load_base_model
-
-    model = get_peft_model(load_base_model(tiny_model_dir), LoraConfig(r=2, target_modules="all-linear"))
-    model.save_pretrained(tmp_path / "adapter")
-    return tmp_path / "adapter"
-
-
 def promote(config, tracker, adapter_dir, candidate, reference, champion):
     with tracker.stage("promote") as stage:
         return run_promote(
@@ -80,14 +69,14 @@ def promote(config, tracker, adapter_dir, candidate, reference, champion):
         )
 
 
-def test_better_promoted_worse_not_and_rollback_restores(tiny_config, adapter_dir, tmp_path) -> None:
+def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapter, tmp_path) -> None:
     config = tiny_config
     name = config.tracking.registered_model_name
     client = client_for(config.resolved_tracking_uri())
     tracker = start_pipeline(config, "run-1", tmp_path / "run-1")
     base = scores("base", [0.0, 0.25] * 20)
     good = scores("grpo", [0.75, 1.0] * 20)
-    first = promote(config, tracker, adapter_dir, good, base, None)
+    first = promote(config, tracker, tiny_adapter, good, base, None)
     assert first.promoted and first.version == "1" and first.sft_version == "1"
     assert str(alias_version(client, name, CHAMPION).version) == "1"
     version = client.get_model_version(name, "1")
@@ -96,14 +85,14 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, adapter_di
 
     # A worse candidate, compared with the champion: registered, not promoted, reason recorded.
     worse = scores("grpo", [0.5, 0.5] * 20)
-    second = promote(config, tracker, adapter_dir, worse, scores("champion", good.per_prompt_pass1), "1")
+    second = promote(config, tracker, tiny_adapter, worse, scores("champion", good.per_prompt_pass1), "1")
     assert not second.promoted and "does not exceed the margin" in second.reason
     assert str(alias_version(client, name, CHAMPION).version) == "1"
     assert str(alias_version(client, name, CHALLENGER).version) == "2"
     assert "margin" in client.get_model_version(name, "2").tags["grpoflow.promotion_decision"]
 
     # A better one becomes champion; rollback moves the alias back and the alias then loads the old one.
-    third = promote(config, tracker, adapter_dir, scores("grpo", [1.0] * 40), scores("champion", [0.5] * 40), "1")
+    third = promote(config, tracker, tiny_adapter, scores("grpo", [1.0] * 40), scores("champion", [0.5] * 40), "1")
     assert third.promoted and str(alias_version(client, name, CHAMPION).version) == "3"
     assert rollback_champion(client, name, reason="test") == "1"
     assert str(alias_version(client, name, CHAMPION).version) == "1"
@@ -114,19 +103,19 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, adapter_di
     assert (local / "adapter_config.json").is_file()
 
 
-def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, adapter_dir, tmp_path) -> None:
+def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_adapter, tmp_path) -> None:
     tracker = start_pipeline(tiny_config, "run-a", tmp_path / "run-a")
     base = scores("base", [0.0] * 20)
-    promote(tiny_config, tracker, adapter_dir, scores("grpo", [0.5] * 20), base, None)
+    promote(tiny_config, tracker, tiny_adapter, scores("grpo", [0.5] * 20), base, None)
     # This run evaluated with no champion present, but another run promoted meanwhile.
-    late = promote(tiny_config, tracker, adapter_dir, scores("grpo", [1.0] * 20), base, None)
+    late = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), base, None)
     assert not late.promoted and "champion moved" in late.reason
 
 
-def test_rollback_without_history_is_a_clear_error(tiny_config, adapter_dir, tmp_path) -> None:
+def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tmp_path) -> None:
     from tasks.tracking import RegistryError
 
     tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")
-    promote(tiny_config, tracker, adapter_dir, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
+    promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     with pytest.raises(RegistryError, match="no earlier champion"):
         rollback_champion(client_for(tiny_config.resolved_tracking_uri()), tiny_config.tracking.registered_model_name)
