@@ -198,9 +198,11 @@ def generate(
         base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, Path(scratch))
         base_dir = resolve_model_source(base)
         tokenizer = load_tokenizer(base_dir)
-        policy = load_policy(base_dir, adapter_dir, cfg.model.precision)
+        policy = load_policy(base_dir, adapter_dir)
         text = render_prompt(tokenizer, [{"role": "user", "content": prompt}], cfg.data.system_prompt)
-        answer = generate_completions(policy, tokenizer, [text], greedy=True, max_new_tokens=max_new_tokens)[0][0]
+        answer = generate_completions(
+            policy, tokenizer, [text], greedy=True, max_new_tokens=max_new_tokens, precision=cfg.model.precision
+        )[0][0]
     console.print(f"[dim]{model} (version {version.version}, base {base})[/dim]")
     sys.stdout.write(answer + "\n")
 

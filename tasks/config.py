@@ -40,7 +40,9 @@ class ModelSettings(_Strict):
         "smollm2-135m-instruct",
         description="'smollm2-135m-instruct' (packaged), 'tiny-random' (tests), a local folder, or a Hub id.",
     )
-    precision: Precision = Field("fp32", description="Weights dtype for training and generation.")
+    precision: Precision = Field(
+        "auto", description="Compute precision for SFT, GRPO and generation: bf16 autocast or fp32; auto picks."
+    )
     revision: str | None = None
 
 

@@ -82,10 +82,15 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
     """Greedy accuracy and pass@k of one model on ``rows``; same seed → same numbers."""
     settings = config.evaluation
     tokenizer = load_tokenizer(spec.base_model_dir)
-    model = load_policy(spec.base_model_dir, spec.adapter_dir, config.model.precision)
+    model = load_policy(spec.base_model_dir, spec.adapter_dir)
     prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     stats = GenerationStats()
-    common = {"max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size, "stats": stats}
+    common = {
+        "max_new_tokens": settings.max_new_tokens,
+        "batch_size": settings.batch_size,
+        "stats": stats,
+        "precision": config.model.precision,
+    }
     greedy = generate_completions(model, tokenizer, prompts, greedy=True, seed=config.seed, **common)
     sampled = generate_completions(
         model, tokenizer, prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
@@ -101,6 +106,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
             settings.general_corpus or DEFAULT_CORPUS,
             settings.general_questions or DEFAULT_QUESTIONS,
             batch_size=settings.batch_size,
+            precision=config.model.precision,
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     return ModelScores(

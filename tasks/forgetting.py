@@ -14,6 +14,7 @@ import torch
 
 from tasks.data import render_prompt
 from tasks.generation import generate_completions
+from tasks.models import compute_autocast
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_CORPUS = DATA_DIR / "general_text.txt"
@@ -73,14 +74,22 @@ def general_ability(
     questions: Path = DEFAULT_QUESTIONS,
     max_new_tokens: int = 16,
     batch_size: int = 64,
+    precision: str = "fp32",
 ) -> GeneralAbility:
     """Score one model's general ability (greedy answers, so the same model always gets the same numbers)."""
     texts = [line for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
-    ppl, tokens = perplexity(model, tokenizer, texts)
+    with compute_autocast(precision):
+        ppl, tokens = perplexity(model, tokenizer, texts)
     items = load_questions(questions)
     prompts = [render_prompt(tokenizer, [{"role": "user", "content": item["question"]}]) for item in items]
     answers = generate_completions(
-        model, tokenizer, prompts, greedy=True, max_new_tokens=max_new_tokens, batch_size=batch_size
+        model,
+        tokenizer,
+        prompts,
+        greedy=True,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        precision=precision,
     )
     correct = sum(answer_matches(a[0], item["answers"]) for a, item in zip(answers, items, strict=True))
     return GeneralAbility(ppl, correct / len(items) if items else math.nan, len(items), tokens)

@@ -1,8 +1,9 @@
 """Batched sampling shared by probe and evaluation (transformers backend).
 
-Prompts are tokenized once, sorted by length so each batch pads little, left-padded, and expanded to ``n``
-samples per prompt inside ``generate`` (the prompt is encoded once per batch, not once per sample); the KV
-cache is on and a batch stops as soon as every sequence has hit EOS.
+Prompts are tokenized once, sorted by length so each batch pads little, and left-padded. Each prompt is
+prefilled once: its KV cache is then copied to its ``n`` samples, so the prompt is not recomputed per sample.
+Decoding uses the KV cache and a batch stops as soon as every sequence has hit EOS. With ``precision="bf16"``
+the matrix products run under bf16 autocast.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+
+from tasks.models import compute_autocast
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ def generate_completions(
     greedy: bool = False,
     progress: Callable[[int, int], None] | None = None,
     stats: GenerationStats | None = None,
+    precision: str = "fp32",
 ) -> list[list[str]]:
     """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
 
@@ -77,12 +82,14 @@ def generate_completions(
                 if greedy
                 else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             )
-            with torch.inference_mode():
+            input_ids, attention = input_ids.to(device), attention.to(device)
+            with torch.inference_mode(), compute_autocast(precision):
+                cache = _shared_prefill(model, input_ids, attention, samples)
                 output = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention.to(device),
+                    input_ids=input_ids.repeat_interleave(samples, dim=0),
+                    attention_mask=attention.repeat_interleave(samples, dim=0),
+                    past_key_values=cache,
                     max_new_tokens=max_new_tokens,
-                    num_return_sequences=samples,
                     pad_token_id=pad_id,
                     eos_token_id=eos_ids,
                     use_cache=True,
@@ -95,6 +102,7 @@ def generate_completions(
                 results[index] = texts[offset * samples : (offset + 1) * samples]
             if progress:
                 progress(min(start + prompts_per_batch, len(order)), len(order))
+            logger.debug("generated %d/%d prompts", min(start + prompts_per_batch, len(order)), len(order))
     finally:
         model.train(was_training)
     if stats is not None:
@@ -102,3 +110,26 @@ def generate_completions(
         stats.new_tokens += new_tokens
         stats.seconds += time.perf_counter() - started
     return results
+
+
+def _shared_prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int) -> DynamicCache:
+    """Run every prompt but its last token once, and copy the cache to each of its ``samples`` rows.
+
+    ``generate`` then only feeds the last prompt token, so a prompt is encoded once whatever ``samples`` is.
+    Positions follow the left padding exactly as ``generate`` computes them, so outputs do not change.
+    """
+    cache = DynamicCache(config=model.config)
+    if input_ids.shape[1] > 1:
+        head, head_mask = input_ids[:, :-1], attention[:, :-1]
+        positions = (head_mask.cumsum(-1) - 1).clamp(min=0)
+        model(
+            input_ids=head,
+            attention_mask=head_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    if samples > 1:
+        cache.batch_repeat_interleave(samples)
+    return cache

@@ -76,7 +76,7 @@ def run_grpo(
         raise ValueError("no training prompts left for GRPO (did the probe's pass-rate filter drop them all?)")
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
-    model = load_policy(base_model_dir, sft_adapter_dir, config.model.precision, trainable=True)
+    model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
     args = GRPOConfig(

@@ -150,7 +150,7 @@ def run_probe(
     rows = read_jsonl(train_path)
     rows = random.Random(config.seed).sample(rows, min(config.probe.num_prompts, len(rows)))
     tokenizer = load_tokenizer(base_model_dir)
-    model = load_policy(base_model_dir, adapter_dir, config.model.precision)
+    model = load_policy(base_model_dir, adapter_dir)
     stats = GenerationStats()
     completions = generate_completions(
         model,
@@ -162,6 +162,7 @@ def run_probe(
         batch_size=config.probe.batch_size,
         seed=config.seed,
         stats=stats,
+        precision=config.model.precision,
     )
     scores = score_groups(config, rows, completions)
     result = summarize(label, rows, scores)

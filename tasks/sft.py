@@ -41,7 +41,7 @@ def run_sft(
 
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(sft_examples(read_jsonl(train_path), tokenizer, config))
-    model = load_base_model(base_model_dir, config.model.precision)
+    model = load_base_model(base_model_dir)
     args = SFTConfig(
         **common_trainer_args(config, stage_dir / "checkpoints"),
         max_steps=config.sft.max_steps,

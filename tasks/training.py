@@ -62,7 +62,7 @@ def common_trainer_args(config: PipelineConfig, output_dir: Path) -> dict[str, A
     return {
         "output_dir": str(output_dir),
         "use_cpu": not on_gpu,
-        "bf16": on_gpu and resolve_dtype(config.model.precision) == torch.bfloat16,
+        "bf16": resolve_dtype(config.model.precision) == torch.bfloat16,
         "fp16": False,
         "gradient_checkpointing": False,
         "report_to": "none",

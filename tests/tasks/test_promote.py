@@ -1,7 +1,6 @@
 """Promotion and rollback on a real MLflow store (SQLite in a temp dir)."""
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
