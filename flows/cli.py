@@ -79,7 +79,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         times.add_row(stage, f"{seconds:.1f}")
     console.print(times)
     probes = Table(title="probes (G samples per prompt, GRPO sampling settings)")
-    for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward"):
+    for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward", "verdict"):
         probes.add_column(column, justify="right")
     for label, probe in summary.get("probes", {}).items():
         probes.add_row(
@@ -88,6 +88,7 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{probe['signal_share']:.0%}",
             f"{probe['pass_rate_mean']:.1%}",
             f"{probe['reward_mean']:.3f}",
+            probe.get("verdict", "").split(":")[0],
         )
     console.print(probes)
     evaluation = summary.get("evaluation")
@@ -107,6 +108,12 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f"[{low:.1%}, {high:.1%}]",
             )
         console.print(table)
+        if evaluation.get("forgetting"):
+            drop = evaluation["forgetting"]
+            console.print(
+                f"forgetting vs base: general QA accuracy {-drop['qa_accuracy_drop']:+.1%}, "
+                f"general-text perplexity {drop['perplexity_increase']:+.1%}"
+            )
         for key, diff in evaluation["comparisons"].items():
             console.print(
                 f"{key}: sampled pass@1 gain {diff['mean']:+.1%} "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reward_fns.format import boxed_format, tag_count, think_answer_format
+from reward_fns.json_schema import json_match, json_schema
 from reward_fns.label import exact_match, label_match
 from reward_fns.length import length_closeness, repetition_penalty
 from reward_fns.math import boxed_match, math_accuracy
@@ -35,6 +36,8 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "repetition_penalty": repetition_penalty,
     "exact_match": exact_match,
     "label_match": label_match,
+    "json_schema": json_schema,
+    "json_match": json_match,
 }
 
 # Which reward decides "correct" for pass@k and promotion, per task kind.
@@ -42,7 +45,7 @@ CORRECTNESS_REWARD: dict[str, str] = {
     "math": "math_accuracy",
     "exact": "exact_match",
     "label": "label_match",
-    "json": "json_schema",
+    "json": "json_match",
     "code": "code_tests",
 }
 
@@ -105,6 +108,7 @@ class IsolatedReward:
         self.function = function
         self.args = dict(args or {})
         self.stats = RewardStats()
+        self.last_batch: dict[str, list[Any]] = {}
 
     def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         started = time.perf_counter()
@@ -120,6 +124,11 @@ class IsolatedReward:
         self.stats.seconds += time.perf_counter() - started
         self.stats.scored += len(rewards)
         self.stats.none += sum(r is None for r in rewards)
+        self.last_batch = {
+            "prompts": list(kwargs.get("prompts") or []),
+            "completions": list(completions),
+            "rewards": rewards,
+        }
         log_metric = kwargs.get("log_metric")
         if callable(log_metric):
             log_metric(f"reward_errors/{self.__name__}", float(self.stats.errors))

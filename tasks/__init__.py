@@ -10,5 +10,7 @@ for _name, _value in {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "TOKENIZERS_PARALLELISM": "false",
+    # Stage progress (generation batches, evaluation) goes to the Prefect UI's run logs too.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "tasks,reward_fns",
 }.items():
     os.environ.setdefault(_name, _value)

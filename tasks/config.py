@@ -122,6 +122,9 @@ class GRPOSettings(_Strict):
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     logging_steps: int = Field(1, ge=1)
+    log_completions_every: int = Field(
+        10, ge=0, description="Every N steps, log a table of sampled completions with their rewards (0: never)."
+    )
     max_none_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
     )
@@ -203,6 +206,17 @@ class PipelineConfig(_Strict):
         if not rewards:
             raise ValueError("rewards must name at least one reward function")
         return rewards
+
+    @model_validator(mode="after")
+    def _kind_can_be_judged(self) -> PipelineConfig:
+        from reward_fns.registry import CORRECTNESS_REWARD, REWARD_FUNCTIONS
+
+        if CORRECTNESS_REWARD[self.data.kind] not in REWARD_FUNCTIONS:
+            raise ValueError(
+                f"data.kind {self.data.kind!r} needs the {CORRECTNESS_REWARD[self.data.kind]!r} reward, which this "
+                "version does not ship yet"
+            )
+        return self
 
     def resolved_tracking_uri(self) -> str:
         """The MLflow tracking URI: the configured one, else a SQLite file under ``output_dir``."""

@@ -4,6 +4,7 @@ same prompts and sampling settings, with bootstrap intervals and paired differen
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_table
 from tasks.scoring import bootstrap_interval, paired_difference, pass_at_k, score_groups
 from tasks.tracking import Tracker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +84,13 @@ def holdout_rows(config: PipelineConfig, holdout_path: Path) -> list[dict[str, A
 def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, Any]]) -> ModelScores:
     """Greedy accuracy and pass@k of one model on ``rows``; same seed → same numbers."""
     settings = config.evaluation
+    logger.info(
+        "evaluate %s: %d prompts, greedy + %d samples each%s",
+        spec.name,
+        len(rows),
+        settings.n_samples,
+        ", then the forgetting probe" if settings.forgetting else "",
+    )
     tokenizer = load_tokenizer(spec.base_model_dir)
     model = load_policy(spec.base_model_dir, spec.adapter_dir)
     prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
@@ -90,6 +100,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         "batch_size": settings.batch_size,
         "stats": stats,
         "precision": config.model.precision,
+        "progress": lambda done, total: logger.info("evaluate %s: %d/%d prompts", spec.name, done, total),
     }
     greedy = generate_completions(model, tokenizer, prompts, greedy=True, seed=config.seed, **common)
     sampled = generate_completions(

@@ -88,7 +88,7 @@ def generate_completions(
                 output = model.generate(
                     input_ids=input_ids.repeat_interleave(samples, dim=0),
                     attention_mask=attention.repeat_interleave(samples, dim=0),
-                    past_key_values=cache,
+                    cache=cache,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad_id,
                     eos_token_id=eos_ids,
@@ -126,7 +126,7 @@ def _shared_prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor
             input_ids=head,
             attention_mask=head_mask,
             position_ids=positions,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )

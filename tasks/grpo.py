@@ -4,7 +4,7 @@ reward functions (weights reach TRL's ``reward_weights``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,39 @@ class NoneShareGuard(TrainerCallback):
                 )
 
 
+class CompletionSampleLogger(TrainerCallback):
+    """Every ``every`` steps, hands ``sink`` a table of the step's completions with each function's reward, so
+    reward hacking can be seen while it happens (the table goes to MLflow in the task wrapper)."""
+
+    def __init__(
+        self,
+        rewards: Sequence[IsolatedReward],
+        weights: Sequence[float],
+        every: int,
+        sink: Callable[[int, dict[str, list[Any]]], None],
+        rows: int = 16,
+    ) -> None:
+        self.rewards, self.weights, self.every, self.sink, self.rows = rewards, weights, every, sink, rows
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.every or state.global_step % self.every or not self.rewards[0].last_batch:
+            return
+        first = self.rewards[0].last_batch
+        count = min(self.rows, len(first["completions"]))
+        table: dict[str, list[Any]] = {
+            "step": [state.global_step] * count,
+            "prompt": [str(p)[-300:] for p in first["prompts"][:count]],
+            "completion": [str(c) for c in first["completions"][:count]],
+        }
+        total = [0.0] * count
+        for reward, weight in zip(self.rewards, self.weights, strict=True):
+            values = reward.last_batch.get("rewards", [None] * count)[:count]
+            table[reward.__name__] = values
+            total = [t + weight * (v or 0.0) for t, v in zip(total, values, strict=True)]
+        table["weighted_reward"] = total
+        self.sink(state.global_step, table)
+
+
 def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
     """Rendered prompts plus the columns reward functions read (same set of keys on every row)."""
     present = [c for c in REWARD_COLUMNS if any(c in row for row in rows)]
@@ -64,6 +97,7 @@ def run_grpo(
     stage_dir: Path,
     callbacks: Sequence[Any] = (),
     keep_ids: set[str] | None = None,
+    completion_sink: Callable[[int, dict[str, list[Any]]], None] | None = None,
 ) -> TrainResult:
     """Continue the SFT adapter with GRPO (or train a fresh one when SFT was disabled)."""
     from datasets import Dataset
@@ -102,7 +136,16 @@ def run_grpo(
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=None if sft_adapter_dir else lora_config(config),
-        callbacks=[recorder, NoneShareGuard(rewards, settings.max_none_share), *callbacks],
+        callbacks=[
+            recorder,
+            NoneShareGuard(rewards, settings.max_none_share),
+            *(
+                [CompletionSampleLogger(rewards, weights, settings.log_completions_every, completion_sink)]
+                if completion_sink
+                else []
+            ),
+            *callbacks,
+        ],
     )
     started = time.perf_counter()
     trainer.train()
@@ -126,7 +169,14 @@ def grpo_task(
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
         result = run_grpo(
-            config, train_path, base_model_dir, sft_adapter_dir, stage.dir, [stage.trainer_callback()], keep_ids
+            config,
+            train_path,
+            base_model_dir,
+            sft_adapter_dir,
+            stage.dir,
+            [stage.trainer_callback()],
+            keep_ids,
+            completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
         )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         return result

@@ -5,6 +5,7 @@ is the gate before GRPO."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_markdown, publish_table
 from tasks.scoring import score_groups
 from tasks.tracking import Tracker
+
+logger = logging.getLogger(__name__)
 
 
 class NoLearningSignal(RuntimeError):
@@ -43,6 +46,7 @@ class ProbeResult:
     histogram_path: Path | None = None
     samples_path: Path | None = None
     tokens_per_second: float = 0.0
+    verdict: str = ""
 
     @property
     def has_signal(self) -> bool:
@@ -163,6 +167,7 @@ def run_probe(
         seed=config.seed,
         stats=stats,
         precision=config.model.precision,
+        progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
     )
     scores = score_groups(config, rows, completions)
     result = summarize(label, rows, scores)
@@ -233,11 +238,22 @@ def probe_task(
             + [{"reward": "weighted total", "mean": result.reward_mean, "std": result.reward_std}],
         )
         message = gate_message(result, config.probe.min_signal_share, sample_completions(result))
-        verdict = message or (
-            f"{label} probe: {result.signal_share:.0%} of groups carry signal, pass rate {result.pass_rate_mean:.1%}"
-        )
-        publish_markdown(f"probe-{label}-verdict", f"### probe ({label})\n{verdict}\n")
-        stage.set_tags({"verdict": verdict[:5000]})
+        result.verdict = probe_verdict(result, message, gate)
+        publish_markdown(f"probe-{label}-verdict", f"### probe ({label})\n{result.verdict}\n")
+        stage.set_tags({"verdict": result.verdict[:5000]})
         if message and gate:
             raise NoLearningSignal(message)
         return result
+
+
+def probe_verdict(result: ProbeResult, gate_text: str | None, gates: bool) -> str:
+    """One line for the summary: what the probe means for the next stage.
+
+    >>> r = ProbeResult("base", 10, 8, 0.0, 0.0, {}, 0.0, 10, 0, 0.0, {})
+    >>> probe_verdict(r, "no signal", gates=False)
+    'SFT needed: 0% of groups carry signal, pass rate 0.0%'
+    """
+    numbers = f"{result.signal_share:.0%} of groups carry signal, pass rate {result.pass_rate_mean:.1%}"
+    if gates:
+        return f"GRPO goes ahead: {numbers}" if gate_text is None else f"stopped: {gate_text}"
+    return f"SFT needed: {numbers}" if gate_text is not None else f"signal present: {numbers}"

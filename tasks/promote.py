@@ -3,9 +3,12 @@ only when the candidate beats the current champion (or the base model, when ther
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -23,6 +26,8 @@ from tasks.tracking import (
     move_champion,
     register_adapter,
 )
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -86,6 +91,22 @@ def decide_promotion(
     )
 
 
+def registry_errors(function: Callable[..., T]) -> Callable[..., T]:
+    """Surface any failure to reach the MLflow store or registry as one RegistryError."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return function(*args, **kwargs)
+        except RegistryError:
+            raise
+        except Exception as exc:
+            raise RegistryError(f"promotion failed talking to MLflow; aliases left as they were: {exc}") from exc
+
+    return wrapper
+
+
+@registry_errors
 def run_promote(
     stage: StageRun,
     registered_model: str,
@@ -99,8 +120,8 @@ def run_promote(
     lineage: dict[str, Any],
     forgetting: dict[str, float] | None = None,
 ) -> PromotionResult:
-    """Log and register the adapters, then apply the gate. Aliases move only after registration succeeded,
-    and only if ``champion`` still points where it did when the candidate was evaluated."""
+    """Log and register the adapters, then apply the gate. Aliases move last, only after registration
+    succeeded, and only if ``champion`` still points where it did when the candidate was evaluated."""
     client = stage.client
     stage.log_artifact(adapter_dir, "adapter")
     if sft_adapter_dir is not None:
@@ -130,16 +151,11 @@ def run_promote(
             f"champion moved from {champion_at_evaluation} to {current_version} while this run was evaluated "
             "against it; not promoting over an adapter it was not compared with"
         )
-    try:
-        if promote:
-            move_champion(client, registered_model, version, reason)
-        else:
-            client.set_registered_model_alias(registered_model, CHALLENGER, version)
-        client.set_model_version_tag(registered_model, version, "grpoflow.promotion_decision", reason)
-    except RegistryError:
-        raise
-    except Exception as exc:
-        raise RegistryError(f"could not set aliases on {registered_model} v{version}: {exc}") from exc
+    if promote:
+        move_champion(client, registered_model, version, reason)
+    else:
+        client.set_registered_model_alias(registered_model, CHALLENGER, version)
+    client.set_model_version_tag(registered_model, version, "grpoflow.promotion_decision", reason)
     stage.log_metrics({k: v for k, v in metrics.items() if v is not None})
     stage.set_tags({"promoted": promote, "promotion_reason": reason, "registered_version": version})
     return PromotionResult(registered_model, version, sft_version, promote, reason, reference.name)
@@ -158,7 +174,7 @@ def promote_task(
     """Prefect wrapper: compare with the champion when it was evaluated, else with the base model."""
     candidate = list(evaluation.scores)[-1]
     reference = "champion" if "champion" in evaluation.scores else "base"
-    with tracker.stage("promote") as stage:
+    with tracker.stage("promote") as stage, promotion_lock(config.tracking.registered_model_name):
         result = run_promote(
             stage,
             config.tracking.registered_model_name,
@@ -178,3 +194,23 @@ def promote_task(
             f"### promote\n{result.registered_model} v{result.version} {verdict}: {result.reason}\n",
         )
         return result
+
+
+@contextmanager
+def promotion_lock(registered_model: str) -> Iterator[None]:
+    """One promotion per registered model at a time, across processes and workers: a Prefect global
+    concurrency limit of 1 (created on first use). Inside it, ``run_promote`` re-reads the alias before moving."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    name = f"grpoflow-promote-{registered_model}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with suppress(ObjectAlreadyExists):
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    with concurrency(name, occupy=1, timeout_seconds=1800, strict=True):
+        yield

@@ -78,6 +78,10 @@ class StageRun:
         elif path.is_file():
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def log_table(self, table: dict[str, list[Any]], name: str) -> None:
+        """A table artifact the MLflow UI shows as a table (compare across steps in the Evaluation view)."""
+        self.client.log_table(self.run_id, data=table, artifact_file=name)
+
     def log_dict(self, data: Any, name: str) -> None:
         self.client.log_dict(self.run_id, data, name)
 

@@ -246,8 +246,11 @@ def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:16]
 
 
-def _gx_audit(kept: list[dict[str, Any]], settings: DataSettings) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """Run the Great Expectations suite over the kept rows; returns failing ids with expectation names."""
+def _gx_audit(
+    kept: list[dict[str, Any]], settings: DataSettings, docs_dir: Path | None = None
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Run the Great Expectations suite over the kept rows through a checkpoint (which builds Data Docs into
+    ``docs_dir`` when given); returns the failing ids with expectation names, and a summary."""
     import great_expectations as gx
     import pandas as pd
 
@@ -260,11 +263,21 @@ def _gx_audit(kept: list[dict[str, Any]], settings: DataSettings) -> tuple[dict[
     )
     frame["prompt_chars"] = frame["prompt_text"].str.len()
     context = gx.get_context(mode="ephemeral")
-    batch = (
+    actions = []
+    if docs_dir is not None:
+        context.add_data_docs_site(
+            site_name="grpoflow",
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        actions.append(gx.checkpoint.UpdateDataDocsAction(name="data-docs", site_names=["grpoflow"]))
+    batch_definition = (
         context.data_sources.add_pandas("grpoflow")
         .add_dataframe_asset("rows")
         .add_batch_definition_whole_dataframe("all")
-        .get_batch(batch_parameters={"dataframe": frame})
     )
     expectations = [
         gx.expectations.ExpectColumnValuesToNotBeNull(column="id"),
@@ -282,7 +295,18 @@ def _gx_audit(kept: list[dict[str, Any]], settings: DataSettings) -> tuple[dict[
             gx.expectations.ExpectColumnValuesToBeInSet(column="ground_truth", value_set=settings.labels)
         )
     suite = context.suites.add(gx.ExpectationSuite(name="grpoflow-rows", expectations=expectations))
-    result = batch.validate(suite, result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["id"]})
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name="grpoflow-rows", data=batch_definition, suite=suite)
+    )
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(
+            name="grpoflow-validate",
+            validation_definitions=[definition],
+            actions=actions,
+            result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["id"]},
+        )
+    )
+    result = next(iter(checkpoint.run(batch_parameters={"dataframe": frame}).run_results.values()))
     failing: dict[str, list[str]] = {}
     for outcome in result.results:
         if outcome.success:
@@ -295,7 +319,9 @@ def _gx_audit(kept: list[dict[str, Any]], settings: DataSettings) -> tuple[dict[
     return failing, summary
 
 
-def validate_rows(raw_rows: Sequence[Any], settings: DataSettings) -> tuple[list[dict], list[dict], dict]:
+def validate_rows(
+    raw_rows: Sequence[Any], settings: DataSettings, docs_dir: Path | None = None
+) -> tuple[list[dict], list[dict], dict]:
     """Split raw rows into kept (normalized) rows and quarantined records, each with every reason."""
     quarantined: list[dict[str, Any]] = []
     candidates: list[tuple[int, dict[str, Any]]] = []
@@ -336,7 +362,7 @@ def validate_rows(raw_rows: Sequence[Any], settings: DataSettings) -> tuple[list
 
     gx_summary: dict[str, Any] = {"success": True, "statistics": {}}
     if kept:
-        failing, gx_summary = _gx_audit(kept, settings)
+        failing, gx_summary = _gx_audit(kept, settings, docs_dir)
         if failing:
             still_kept = []
             for row in kept:
@@ -361,7 +387,7 @@ def reason_counts(quarantined: Sequence[dict[str, Any]]) -> dict[str, int]:
 def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     """Load, normalize, check, quarantine and split; writes train / holdout / quarantine JSONL and a report."""
     raw_rows = load_rows(config.data, config.seed)
-    kept, quarantined, gx_summary = validate_rows(raw_rows, config.data)
+    kept, quarantined, gx_summary = validate_rows(raw_rows, config.data, stage_dir / "data_docs")
     train = [row for row in kept if not holdout_side(row["prompt"], config.data.holdout_fraction)]
     holdout = [row for row in kept if holdout_side(row["prompt"], config.data.holdout_fraction)]
     result = ValidateResult(
@@ -417,6 +443,7 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
         stage.set_tags({"data_fingerprint": result.fingerprint, "data_source": config.data.source})
         for path in (result.report_path, result.quarantine_path):
             stage.log_artifact(path, "validate")
+        stage.log_artifact(stage.dir / "data_docs", "validate/data_docs")
         reasons = (
             "\n".join(f"| {reason} | {count} |" for reason, count in sorted(result.reasons.items())) or "| — | 0 |"
         )

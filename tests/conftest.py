@@ -18,6 +18,8 @@ os.environ.update(
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # Prefect's console handler logs "stopping temporary server" after pytest closed its streams.
+        "PREFECT_LOGGING_LEVEL": "WARNING",
     }
 )
 os.environ.setdefault("GRPOFLOW_CACHE", str(_SESSION_DIR / "cache"))
@@ -67,3 +69,27 @@ def tiny_adapter(tiny_model_dir: Path, tmp_path: Path) -> Path:
                 parameter.normal_(0, 0.5)
     model.save_pretrained(tmp_path / "adapter")
     return tmp_path / "adapter"
+
+
+@pytest.fixture
+def make_scores():
+    """Build evaluation scores from per-prompt sampled pass@1 values (n = 4 samples per prompt)."""
+    import numpy as np
+
+    from tasks.evaluate import ModelScores
+    from tasks.scoring import pass_at_k
+
+    def scores(name: str, per_prompt: list[float], n: int = 4) -> ModelScores:
+        counts = [round(p * n) for p in per_prompt]
+        return ModelScores(
+            name=name,
+            n_prompts=len(per_prompt),
+            n_samples=n,
+            greedy_accuracy=float(np.mean(per_prompt)),
+            pass_at_k={k: float(np.mean([pass_at_k(n, c, k) for c in counts])) for k in (1, 2, 4)},
+            pass1_interval=(0.0, 1.0),
+            per_prompt_pass1=per_prompt,
+            per_prompt_greedy=per_prompt,
+        )
+
+    return scores

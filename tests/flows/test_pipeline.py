@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,13 @@ def test_pipeline_runs_every_stage_and_registers_versions(tiny_config: PipelineC
     assert "loss" in stages["sft"].data.metrics and "peak_rss_mb" in stages["sft"].data.metrics
     assert "grpo_pass_at_1" in stages["evaluate"].data.metrics
     assert stages["validate"].data.tags["data_fingerprint"] == summary["data"]["fingerprint"]
+    artifacts = {a.path for a in client.list_artifacts(stages["grpo"].info.run_id, "completions")}
+    assert artifacts == {f"completions/step_{s:05d}.json" for s in range(1, tiny_config.grpo.max_steps + 1)}
+    table_file = client.download_artifacts(stages["grpo"].info.run_id, "completions/step_00001.json")
+    table = json.loads(Path(table_file).read_text())
+    assert {"prompt", "completion", "math_accuracy", "boxed_format", "weighted_reward"} <= set(table["columns"])
+    assert client.list_artifacts(stages["validate"].info.run_id, "validate/data_docs")
+    assert summary["probes"]["sft"]["verdict"].startswith("GRPO goes ahead")
 
     name = tiny_config.tracking.registered_model_name
     version = client.get_model_version(name, "1")

@@ -66,3 +66,8 @@ def test_config_hash_ignores_output_dir_but_not_seed() -> None:
 def test_default_tracking_store_is_sqlite_under_output_dir(tmp_path: Path) -> None:
     config = load_config(overrides={"output_dir": str(tmp_path)})
     assert config.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_a_kind_without_its_reward_fails_at_load() -> None:
+    with pytest.raises(ConfigError, match="needs the 'code_tests' reward"):
+        load_config(overrides={"data.kind": "code"})

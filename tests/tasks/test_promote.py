@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from tasks.config import PromotionSettings
-from tasks.evaluate import ModelScores
 from tasks.promote import decide_promotion, run_promote
-from tasks.scoring import paired_difference, pass_at_k
+from tasks.scoring import paired_difference
 from tasks.tracking import (
     CHALLENGER,
     CHAMPION,
@@ -20,21 +19,8 @@ from tasks.tracking import (
 )
 
 
-def scores(name: str, per_prompt: list[float], n: int = 4) -> ModelScores:
-    counts = [round(p * n) for p in per_prompt]
-    return ModelScores(
-        name=name,
-        n_prompts=len(per_prompt),
-        n_samples=n,
-        greedy_accuracy=float(np.mean(per_prompt)),
-        pass_at_k={k: float(np.mean([pass_at_k(n, c, k) for c in counts])) for k in (1, 2, 4)},
-        pass1_interval=(0.0, 1.0),
-        per_prompt_pass1=per_prompt,
-        per_prompt_greedy=per_prompt,
-    )
-
-
-def test_gate_never_promotes_a_worse_pass1_on_random_pairs() -> None:
+def test_gate_never_promotes_a_worse_pass1_on_random_pairs(make_scores) -> None:
+    scores = make_scores
     rng = random.Random(0)
     settings = PromotionSettings()
     promoted = 0
@@ -68,7 +54,8 @@ def promote(config, tracker, adapter_dir, candidate, reference, champion):
         )
 
 
-def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapter, tmp_path) -> None:
+def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
+    scores = make_scores
     config = tiny_config
     name = config.tracking.registered_model_name
     client = client_for(config.resolved_tracking_uri())
@@ -102,7 +89,8 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
     assert (local / "adapter_config.json").is_file()
 
 
-def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_adapter, tmp_path) -> None:
+def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
+    scores = make_scores
     tracker = start_pipeline(tiny_config, "run-a", tmp_path / "run-a")
     base = scores("base", [0.0] * 20)
     promote(tiny_config, tracker, tiny_adapter, scores("grpo", [0.5] * 20), base, None)
@@ -111,7 +99,8 @@ def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_ada
     assert not late.promoted and "champion moved" in late.reason
 
 
-def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tmp_path) -> None:
+def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
+    scores = make_scores
     from tasks.tracking import RegistryError
 
     tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")

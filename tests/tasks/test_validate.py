@@ -151,3 +151,19 @@ def test_stage_writes_files_and_enforces_the_quarantine_limit(tmp_path: Path) ->
     assert "invalid JSON on line 6" in reasons and "invalid UTF-8" in reasons and "missing column" in reasons
     with pytest.raises(QuarantineLimitExceeded, match="3/8 rows quarantined"):
         enforce_limits(result, config)
+    assert (tmp_path / "validate" / "data_docs" / "index.html").is_file()  # GX Data Docs for the audit
+
+
+def test_great_expectations_audit_names_failing_rows(tmp_path: Path) -> None:
+    from tasks.validate import _gx_audit
+
+    rows = [
+        {"id": "a", "prompt": "fine", "ground_truth": "1"},
+        {"id": "a", "prompt": "same id", "ground_truth": "2"},
+        {"id": "c", "prompt": "y" * 50, "ground_truth": "3"},
+    ]
+    failing, summary = _gx_audit(rows, DataSettings(max_prompt_chars=20), tmp_path / "docs")
+    assert summary["success"] is False
+    assert any("ExpectColumnValuesToBeUnique" in r or "unique" in r for r in failing["a"])
+    assert any("between" in r for r in failing["c"])
+    assert (tmp_path / "docs" / "index.html").is_file()
