@@ -15,7 +15,8 @@ import time
 
 from trl.rewards import accuracy_reward
 
-from reward_fns.math import math_accuracy, parse_gold
+from reward_fns.math import boxed_verdict, math_accuracy, parse_gold
+from reward_fns.text import last_boxed
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -59,6 +60,7 @@ def main() -> None:
     chat = [[{"role": "assistant", "content": c}] for c in completions]
 
     parse_gold.cache_clear()
+    boxed_verdict.cache_clear()
     started = time.perf_counter()
     ours = math_accuracy(completions=completions, ground_truth=golds)
     ours_seconds = time.perf_counter() - started
@@ -68,7 +70,10 @@ def main() -> None:
     trl_seconds = time.perf_counter() - started
 
     both = [(a, b, c) for a, b, c in zip(ours, theirs, completions, strict=True) if a is not None and b is not None]
-    disagreements = [(c, a, b) for a, b, c in both if a != b]
+    # grpoflow's contract: only a \boxed{} answer counts. TRL also credits an unboxed LaTeX answer after an
+    # anchor ("The answer is \frac{6}{8}"): a difference of contract, counted apart from real disagreements.
+    disagreements = [(c, a, b) for a, b, c in both if a != b and last_boxed(c) is not None]
+    contract = [(c, a, b) for a, b, c in both if a != b and last_boxed(c) is None]
     result = {
         "bench": "math_reward",
         "completions": len(completions),
@@ -76,15 +81,17 @@ def main() -> None:
         "trl_accuracy_reward_per_s": round(len(completions) / trl_seconds, 1),
         "speedup": round(trl_seconds / ours_seconds, 2),
         "both_judged": len(both),
-        "disagreements": len(disagreements),
+        "disagreements_on_boxed_answers": len(disagreements),
+        "unboxed_answers_credited_by_trl_only": len(contract),
         "grpoflow_correct_share": round(sum(a for a, _, _ in both) / len(both), 4),
     }
     print(json.dumps(result))
     print(f"{'':28}{'completions/s':>14}")
     print(f"{'grpoflow math_accuracy':28}{result['grpoflow_per_s']:>14}")
     print(f"{'trl accuracy_reward':28}{result['trl_accuracy_reward_per_s']:>14}")
-    print(f"speedup {result['speedup']}x; verdicts differ on {len(disagreements)} of {len(both)} judged by both")
-    for text, a, b in disagreements[:5]:
+    print(f"speedup {result['speedup']}x; of {len(both)} judged by both, verdicts differ on {len(disagreements)} boxed")
+    print(f"answers; {len(contract)} unboxed answers are credited by TRL only (grpoflow counts only \\boxed{{}})")
+    for text, a, b in (disagreements + contract)[:3]:
         print(f"  grpoflow={a} trl={b}: {text[-60:]!r}")
     sys.exit(1 if disagreements else 0)
 

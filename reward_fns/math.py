@@ -72,12 +72,18 @@ def math_verdict(completion: str, gold: str) -> float | None:
     >>> math_verdict(r"\\boxed{\\frac{2}{4}}", "0.5")
     1.0
     """
-    gold_number = plain_number(gold)
     answer = last_boxed(completion)
+    if answer is None:
+        return None if plain_number(gold) is None and not parse_gold(gold) else 0.0
+    return boxed_verdict(answer, gold)
+
+
+@lru_cache(maxsize=65536)
+def boxed_verdict(answer: str, gold: str) -> float | None:
+    """The verdict for one boxed answer against one gold, cached: GRPO groups and datasets repeat them."""
+    gold_number = plain_number(gold)
     if gold_number is None and not parse_gold(gold):
         return None
-    if answer is None:
-        return 0.0
     answer_number = plain_number(answer)
     if gold_number is not None and answer_number is not None:
         return float(gold_number == answer_number)
