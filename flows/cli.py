@@ -52,15 +52,26 @@ def run(
     config: ConfigArg = None,
     seed: Annotated[int | None, typer.Option(help="Override the config's seed.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name of the run (default: generated).")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option("--resume", help="Resume this pipeline run (its folder under output_dir) with its saved config."),
+    ] = None,
     set_: SetOption = None,
 ) -> None:
-    """Run the whole pipeline and print its summary."""
+    """Run the whole pipeline and print its summary; ``--resume RUN_ID`` continues a crashed run."""
     from flows.pipeline import new_run_id, pipeline
     from tasks.probe import NoLearningSignal
 
     _setup_logging()
     cfg = _config(config, set_, seed=seed)
-    run_name = run_id or new_run_id(cfg)
+    if resume:
+        snapshot = cfg.output_dir / resume / "config.json"
+        if not snapshot.is_file():
+            console.print(f"[red]no pipeline run {resume!r} to resume: {snapshot} does not exist[/red]")
+            raise typer.Exit(2)
+        cfg = PipelineConfig.model_validate_json(snapshot.read_text())
+        console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
+    run_name = resume or run_id or new_run_id(cfg)
     console.print(f"[bold]grpoflow run[/bold] {run_name} → {cfg.output_dir / run_name}")
     try:
         summary = pipeline(cfg, run_name)

@@ -16,7 +16,7 @@ from tasks.models import resolve_model_task
 from tasks.probe import NoLearningSignal, pass_rate_filter, probe_task
 from tasks.promote import promote_task
 from tasks.sft import sft_task
-from tasks.tracking import finish_pipeline, start_pipeline
+from tasks.tracking import finish_pipeline, prepare_run_dir, start_pipeline
 from tasks.validate import validate_task
 
 
@@ -38,34 +38,42 @@ def git_commit() -> str:
 def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     """Run every stage in order and return the run summary (also logged to MLflow as summary.json)."""
     run_dir = config.output_dir / run_id
+    prepare_run_dir(config, run_dir)
     tracker = start_pipeline(config, run_id, run_dir)
+    # Retried stages resume: trainers from their last checkpoint, finished stages from Prefect's cache.
+    validate, probe, sft_stage, grpo_stage, evaluate = (
+        task.with_options(
+            retries=config.orchestration.task_retries, retry_delay_seconds=config.orchestration.retry_delay_seconds
+        )
+        for task in (validate_task, probe_task, sft_task, grpo_task, evaluate_task)
+    )
     summary: dict[str, Any] = {"run_id": run_id, "run_dir": str(run_dir), "probes": {}}
     status = "FAILED"
     try:
-        data = validate_task(config, tracker)
+        data = validate(config, tracker)
         summary["data"] = data.to_json()
         base_dir = resolve_model_task(config.model.source, config.model.revision)
         probes: dict[str, Any] = {}
         if config.probe.enabled:
-            probes["base"] = probe_task(
+            probes["base"] = probe(
                 config, tracker, data.train_path, base_dir, None, "base", gate=not config.sft.enabled
             )
             summary["probes"]["base"] = probes["base"].to_json()
-        sft = sft_task(config, tracker, data.train_path, base_dir) if config.sft.enabled else None
+        sft = sft_stage(config, tracker, data.train_path, base_dir) if config.sft.enabled else None
         if sft is not None and config.probe.enabled:
-            probes["sft"] = probe_task(config, tracker, data.train_path, base_dir, sft.adapter_dir, "sft", gate=True)
+            probes["sft"] = probe(config, tracker, data.train_path, base_dir, sft.adapter_dir, "sft", gate=True)
             summary["probes"]["sft"] = probes["sft"].to_json()
         keep_ids = None
         if config.probe.pass_rate_band and probes:
             keep_ids = pass_rate_filter(probes.get("sft") or probes["base"], config.probe.pass_rate_band)
         sft_adapter = sft.adapter_dir if sft else None
-        grpo = grpo_task(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
+        grpo = grpo_stage(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
         champion_version, champion = champion_spec(config, run_dir / "champion")
         models = [ModelSpec("base", base_dir)]
         models += [ModelSpec("sft", base_dir, sft_adapter)] if sft_adapter else []
         models += [champion] if champion else []
         models += [ModelSpec("grpo", base_dir, grpo.adapter_dir)]
-        evaluation = evaluate_task(config, tracker, data.holdout_path, models)
+        evaluation = evaluate(config, tracker, data.holdout_path, models)
         summary["evaluation"] = evaluation.to_json()
         lineage = {
             "pipeline_run_id": run_id,

@@ -108,6 +108,7 @@ class SFTSettings(_Strict):
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(256, ge=8)
     logging_steps: int = Field(5, ge=1)
+    checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
 
 
 class GRPOSettings(_Strict):
@@ -122,6 +123,7 @@ class GRPOSettings(_Strict):
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     logging_steps: int = Field(1, ge=1)
+    checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
     log_completions_every: int = Field(
         10, ge=0, description="Every N steps, log a table of sampled completions with their rewards (0: never)."
     )
@@ -177,6 +179,12 @@ class PromotionSettings(_Strict):
     max_perplexity_increase: float = Field(0.25, description="Forgetting: relative general-text perplexity rise.")
 
 
+class OrchestrationSettings(_Strict):
+    task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
+    retry_delay_seconds: int = Field(10, ge=0)
+    min_free_disk_mb: int = Field(1024, ge=0, description="Refuse to start with less free space under output_dir.")
+
+
 class TrackingSettings(_Strict):
     tracking_uri: str | None = Field(None, description="Default: a SQLite store under output_dir.")
     registered_model_name: str = "grpoflow-demo"
@@ -199,6 +207,7 @@ class PipelineConfig(_Strict):
     evaluation: EvaluationSettings = EvaluationSettings()
     promotion: PromotionSettings = PromotionSettings()
     tracking: TrackingSettings = TrackingSettings()
+    orchestration: OrchestrationSettings = OrchestrationSettings()
 
     @field_validator("rewards")
     @classmethod
@@ -226,7 +235,7 @@ class PipelineConfig(_Strict):
 
     def config_hash(self) -> str:
         """A short content hash of everything that changes what a run produces (output paths excluded)."""
-        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking"})
+        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
+from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, forgetting, general_ability
@@ -32,6 +32,7 @@ class ModelSpec:
     name: str
     base_model_dir: Path
     adapter_dir: Path | None = None
+    registered_version: str | None = None  # for the champion: which version was evaluated
 
 
 @dataclass
@@ -183,7 +184,7 @@ def run_evaluate(config: PipelineConfig, holdout_path: Path, models: list[ModelS
     return result
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
+@task(name="evaluate", cache_key_fn=stage_cache_key, persist_result=True)
 def evaluate_task(config: PipelineConfig, tracker: Tracker, holdout_path: Path, models: list[ModelSpec]) -> EvalResult:
     """Prefect wrapper: evaluate, log per-model metrics, the comparison table and the pass@k curve."""
     with tracker.stage("evaluate") as stage:
@@ -239,4 +240,4 @@ def champion_spec(config: PipelineConfig, download_dir: Path) -> tuple[str | Non
     base, adapter_dir, version = fetch_adapter(
         config.resolved_tracking_uri(), f"models:/{name}/{current.version}", download_dir
     )
-    return str(version.version), ModelSpec("champion", resolve_model_source(base), adapter_dir)
+    return str(version.version), ModelSpec("champion", resolve_model_source(base), adapter_dir, str(version.version))

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 from transformers import TrainerCallback
 
 from reward_fns.registry import IsolatedReward, build_reward_functions
+from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.models import load_policy, load_tokenizer
 from tasks.tracking import Tracker
-from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config
+from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
 
 # Row columns that reward functions may read; anything else stays out of the trainer's dataset.
 REWARD_COLUMNS = ("ground_truth", "tests", "schema", "labels", "id")
@@ -114,7 +114,7 @@ def run_grpo(
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
     args = GRPOConfig(
-        **common_trainer_args(config, stage_dir / "checkpoints"),
+        **common_trainer_args(config, stage_dir / "checkpoints", config.grpo.checkpoint_steps),
         max_steps=settings.max_steps,
         learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.batch_size,
@@ -148,13 +148,14 @@ def run_grpo(
         ],
     )
     started = time.perf_counter()
-    trainer.train()
+    resume_from = resumable_checkpoint(stage_dir / "checkpoints")
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     adapter_dir = stage_dir / "adapter"
     trainer.save_model(str(adapter_dir))
     return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
 
 
-@task(name="grpo", cache_policy=NO_CACHE)
+@task(name="grpo", cache_key_fn=stage_cache_key, persist_result=True)
 def grpo_task(
     config: PipelineConfig,
     tracker: Tracker,

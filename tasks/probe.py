@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
+from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt, write_jsonl
 from tasks.generation import GenerationStats, generate_completions
@@ -204,7 +204,7 @@ def sample_completions(result: ProbeResult, limit: int = 3) -> list[str]:
     return [record["completion"] for record in read_jsonl(result.samples_path)[:limit]]
 
 
-@task(name="probe", cache_policy=NO_CACHE, task_run_name="probe-{label}")
+@task(name="probe", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="probe-{label}")
 def probe_task(
     config: PipelineConfig,
     tracker: Tracker,

@@ -145,6 +145,8 @@ def run_promote(
     promote, reason = decide_promotion(candidate, reference, difference, settings, forgetting)
     current = alias_version(client, registered_model, CHAMPION)
     current_version = None if current is None else str(current.version)
+    if current_version == version:  # a resumed run that had already promoted this version
+        return PromotionResult(registered_model, version, sft_version, True, "already champion", reference.name)
     if promote and current_version != champion_at_evaluation:
         promote = False
         reason = (

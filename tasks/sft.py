@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
+from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
 from tasks.models import load_base_model, load_tokenizer
 from tasks.tracking import Tracker
-from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config
+from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
 
 
 def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, str]]:
@@ -43,7 +43,7 @@ def run_sft(
     dataset = Dataset.from_list(sft_examples(read_jsonl(train_path), tokenizer, config))
     model = load_base_model(base_model_dir)
     args = SFTConfig(
-        **common_trainer_args(config, stage_dir / "checkpoints"),
+        **common_trainer_args(config, stage_dir / "checkpoints", config.sft.checkpoint_steps),
         max_steps=config.sft.max_steps,
         per_device_train_batch_size=config.sft.batch_size,
         learning_rate=config.sft.learning_rate,
@@ -63,13 +63,14 @@ def run_sft(
         callbacks=[recorder, *callbacks],
     )
     started = time.perf_counter()
-    trainer.train()
+    resume_from = resumable_checkpoint(stage_dir / "checkpoints")
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     adapter_dir = stage_dir / "adapter"
     trainer.save_model(str(adapter_dir))
     return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
 
 
-@task(name="sft", cache_policy=NO_CACHE)
+@task(name="sft", cache_key_fn=stage_cache_key, persist_result=True)
 def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_model_dir: Path) -> TrainResult:
     """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
     with tracker.stage("sft") as stage:

@@ -31,6 +31,35 @@ class RegistryError(RuntimeError):
     """The MLflow store or registry could not be reached or refused a change; nothing was half-moved."""
 
 
+class OutputDirError(OSError):
+    """The output directory cannot hold a run: not writable, or (nearly) out of space."""
+
+
+def prepare_run_dir(config: Any, run_dir: Path) -> None:
+    """Create the run folder, prove it is writable and has room, and keep a snapshot of the config there
+    (``grpoflow run --resume`` reads it back)."""
+    import errno
+    import shutil
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputDirError(exc.errno or errno.EACCES, f"output directory {run_dir} is not writable: {exc}") from exc
+    free_mb = shutil.disk_usage(run_dir).free / 2**20
+    if free_mb < config.orchestration.min_free_disk_mb:
+        raise OutputDirError(
+            errno.ENOSPC,
+            f"only {free_mb:.0f} MB free under {run_dir}; need orchestration.min_free_disk_mb="
+            f"{config.orchestration.min_free_disk_mb} (checkpoints and adapters are written there)",
+        )
+    snapshot = run_dir / "config.json"
+    if not snapshot.exists():
+        snapshot.write_text(config.model_dump_json(indent=2))
+
+
 def client_for(tracking_uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
@@ -137,6 +166,12 @@ class Tracker:
         try:
             yield stage
             status = "FINISHED"
+        except OSError as exc:
+            import errno
+
+            if exc.errno == errno.ENOSPC:
+                raise OutputDirError(errno.ENOSPC, f"disk full while stage {name} wrote under {stage_dir}") from exc
+            raise
         finally:
             seconds = time.perf_counter() - started
             try:
@@ -157,10 +192,16 @@ def start_pipeline(config: Any, run_id: str, run_dir: Path) -> Tracker:
             experiment_id = client.create_experiment(config.tracking.experiment_name, artifact_location=artifacts)
         else:
             experiment_id = experiment.experiment_id
+        earlier = close_interrupted_runs(client, experiment_id, run_id)
         parent = client.create_run(
             experiment_id,
             run_name=run_id,
-            tags={RUN_ID_TAG: run_id, "grpoflow.config_hash": config.config_hash(), "grpoflow.name": config.name},
+            tags={
+                RUN_ID_TAG: run_id,
+                "grpoflow.config_hash": config.config_hash(),
+                "grpoflow.name": config.name,
+                **({"grpoflow.resumed_from": ",".join(earlier)} if earlier else {}),
+            },
         )
     except Exception as exc:
         raise RegistryError(f"MLflow at {config.resolved_tracking_uri()} is unavailable: {exc}") from exc
@@ -168,6 +209,17 @@ def start_pipeline(config: Any, run_id: str, run_dir: Path) -> Tracker:
     stage = StageRun(tracker.tracking_uri, parent.info.run_id, "pipeline", run_dir)
     stage.log_params(_flatten(config.model_dump(mode="json")))
     return tracker
+
+
+def close_interrupted_runs(client: Any, experiment_id: str, run_id: str) -> list[str]:
+    """Mark the RUNNING MLflow runs of an earlier, killed attempt at this pipeline run FAILED (no orphans);
+    returns the ids of its parent runs, which the new parent run links to."""
+    runs = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+    for run in runs:
+        if run.info.status == "RUNNING":
+            client.set_tag(run.info.run_id, "grpoflow.interrupted", "true")
+            client.set_terminated(run.info.run_id, "FAILED")
+    return [run.info.run_id for run in runs if "mlflow.parentRunId" not in run.data.tags]
 
 
 def finish_pipeline(tracker: Tracker, status: str, summary: dict[str, Any] | None = None) -> None:
@@ -204,7 +256,10 @@ def alias_version(client: Any, name: str, alias: str) -> Any | None:
 
 
 def register_adapter(client: Any, name: str, run_id: str, artifact_path: str, tags: dict[str, Any]) -> str:
-    """Register ``runs:/<run_id>/<artifact_path>`` as a new version of ``name``; returns the version."""
+    """Register ``runs:/<run_id>/<artifact_path>`` as a new version of ``name``; returns the version.
+
+    Idempotent per pipeline run: when a version tagged with the same ``pipeline_run_id`` exists (a resumed
+    run that crashed after registering), that version is returned instead of a second one."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -212,6 +267,11 @@ def register_adapter(client: Any, name: str, run_id: str, artifact_path: str, ta
             client.get_registered_model(name)
         except MlflowException:
             client.create_registered_model(name, description="LoRA adapters trained by grpoflow")
+        pipeline_run = tags.get("pipeline_run_id")
+        if pipeline_run:
+            for existing in client.search_model_versions(f"name = '{name}'"):
+                if existing.tags.get("pipeline_run_id") == str(pipeline_run):
+                    return str(existing.version)
         version = client.create_model_version(
             name,
             source=f"runs:/{run_id}/{artifact_path}",

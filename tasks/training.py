@@ -55,7 +55,7 @@ def lora_config(config: PipelineConfig) -> Any:
     )
 
 
-def common_trainer_args(config: PipelineConfig, output_dir: Path) -> dict[str, Any]:
+def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_steps: int = 0) -> dict[str, Any]:
     """Arguments both TRL configs take. Weights carry the precision (bf16 weights are where the speed is),
     so the trainers' autocast stays off; gradient checkpointing costs ~25 % on small models and is off."""
     on_gpu = torch.cuda.is_available()
@@ -66,9 +66,61 @@ def common_trainer_args(config: PipelineConfig, output_dir: Path) -> dict[str, A
         "fp16": False,
         "gradient_checkpointing": False,
         "report_to": "none",
-        "save_strategy": "no",
+        "save_strategy": "steps" if checkpoint_steps else "no",
+        "save_steps": checkpoint_steps or 500,
+        "save_total_limit": 2,  # the latest, and the one before it in case the latest is corrupt
         "seed": config.seed,
         "data_seed": config.seed,
         "disable_tqdm": False,
         "dataloader_num_workers": 0,
     }
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint folder that cannot be resumed from."""
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise CorruptCheckpoint unless ``path`` holds a readable trainer state, weights and optimizer state."""
+    import json
+
+    from safetensors import safe_open
+
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+        if not isinstance(state.get("global_step"), int):
+            raise CorruptCheckpoint("trainer_state.json has no global_step")
+        weights = next(iter(sorted(path.glob("*.safetensors"))), None)
+        if weights is None:
+            raise CorruptCheckpoint("no weights (*.safetensors)")
+        with safe_open(str(weights), framework="pt") as handle:
+            list(handle.keys())
+        if not (path / "optimizer.pt").is_file() or (path / "optimizer.pt").stat().st_size == 0:
+            raise CorruptCheckpoint("no optimizer state")
+    except CorruptCheckpoint:
+        raise
+    except Exception as exc:
+        raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from exc
+
+
+def resumable_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The newest checkpoint under ``checkpoints_dir`` that can be resumed from. A corrupt one is renamed
+    ``*.corrupt`` and the previous one is used instead, with a warning that says so."""
+    import logging
+
+    logger = logging.getLogger(__name__)
+    found = sorted(
+        (p for p in checkpoints_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+        reverse=True,
+    )
+    for path in found:
+        try:
+            check_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            logger.warning("checkpoint %s is corrupt (%s); falling back to the previous one", path, exc)
+            path.rename(path.with_name(path.name + ".corrupt"))
+            continue
+        logger.info("resuming from %s", path)
+        return path
+    return None

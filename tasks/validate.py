@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from reward_fns.label import normalize_exact
 from reward_fns.math import parse_gold, plain_number
 from reward_fns.text import last_boxed
+from tasks.caching import stage_cache_key
 from tasks.config import DataSettings, PipelineConfig
 from tasks.data import _Unreadable, load_rows, write_jsonl
 from tasks.reporting import publish_markdown
@@ -426,7 +426,7 @@ def enforce_limits(result: ValidateResult, config: PipelineConfig) -> None:
         )
 
 
-@task(name="validate", cache_policy=NO_CACHE)
+@task(name="validate", cache_key_fn=stage_cache_key, persist_result=True)
 def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
     """Prefect wrapper: run the stage in its MLflow run, log counts and files, publish a summary artifact."""
     with tracker.stage("validate") as stage:

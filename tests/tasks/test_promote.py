@@ -71,6 +71,7 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
 
     # A worse candidate, compared with the champion: registered, not promoted, reason recorded.
     worse = scores("grpo", [0.5, 0.5] * 20)
+    tracker = start_pipeline(config, "run-2", tmp_path / "run-2")
     second = promote(config, tracker, tiny_adapter, worse, scores("champion", good.per_prompt_pass1), "1")
     assert not second.promoted and "does not exceed the margin" in second.reason
     assert str(alias_version(client, name, CHAMPION).version) == "1"
@@ -78,6 +79,7 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
     assert "margin" in client.get_model_version(name, "2").tags["grpoflow.promotion_decision"]
 
     # A better one becomes champion; rollback moves the alias back and the alias then loads the old one.
+    tracker = start_pipeline(config, "run-3", tmp_path / "run-3")
     third = promote(config, tracker, tiny_adapter, scores("grpo", [1.0] * 40), scores("champion", [0.5] * 40), "1")
     assert third.promoted and str(alias_version(client, name, CHAMPION).version) == "3"
     assert rollback_champion(client, name, reason="test") == "1"
@@ -94,6 +96,7 @@ def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_ada
     tracker = start_pipeline(tiny_config, "run-a", tmp_path / "run-a")
     base = scores("base", [0.0] * 20)
     promote(tiny_config, tracker, tiny_adapter, scores("grpo", [0.5] * 20), base, None)
+    tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")
     # This run evaluated with no champion present, but another run promoted meanwhile.
     late = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), base, None)
     assert not late.promoted and "champion moved" in late.reason
@@ -107,3 +110,14 @@ def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tm
     promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     with pytest.raises(RegistryError, match="no earlier champion"):
         rollback_champion(client_for(tiny_config.resolved_tracking_uri()), tiny_config.tracking.registered_model_name)
+
+
+def test_a_resumed_run_registers_once(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
+    scores = make_scores
+    tracker = start_pipeline(tiny_config, "run-once", tmp_path / "run-once")
+    first = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
+    again = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
+    assert first.version == again.version == "1" and first.sft_version == again.sft_version == "1"
+    assert first.promoted and again.promoted and again.reason == "already champion"
+    client = client_for(tiny_config.resolved_tracking_uri())
+    assert len(client.search_model_versions(f"name = '{tiny_config.tracking.registered_model_name}'")) == 1

@@ -30,3 +30,22 @@ def test_sft_then_grpo_continue_one_adapter(tiny_config, tiny_split, tiny_model_
     grpo_weights = load_file(grpo.adapter_dir / "adapter_model.safetensors")
     assert sft_weights.keys() == grpo_weights.keys()  # the same adapter, continued
     assert any(not torch.equal(sft_weights[k], grpo_weights[k]) for k in sft_weights)  # and trained further
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
+    from tasks.training import resumable_checkpoint
+
+    config = PipelineConfig.model_validate(
+        {**tiny_config.model_dump(), "sft": {**tiny_config.sft.model_dump(), "max_steps": 2, "checkpoint_steps": 1}}
+    )
+    run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
+    checkpoints = tmp_path / "sft" / "checkpoints"
+    assert {p.name for p in checkpoints.glob("checkpoint-*")} == {"checkpoint-1", "checkpoint-2"}
+    weights = next((checkpoints / "checkpoint-2").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # a crash mid-write
+    assert resumable_checkpoint(checkpoints) == checkpoints / "checkpoint-1"
+    assert (checkpoints / "checkpoint-2.corrupt").is_dir()
+    # Rerunning the stage resumes from checkpoint-1 and finishes the remaining step.
+    resumed = run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
+    assert resumed.steps == 2
+    assert [entry["step"] for entry in resumed.history if "loss" in entry] == [2.0]
