@@ -140,19 +140,25 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
 
 
-@app.command()
-def validate(config: ConfigArg = None, set_: SetOption = None) -> None:
-    """Run the validate stage alone; writes train / hold-out / quarantine files under output_dir/validate."""
+def _validated(cfg: PipelineConfig, show: bool = False) -> Any:
+    """Run the validate stage into ``output_dir/validate`` for a standalone command; exit 1 past the limits."""
     from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate
 
-    cfg = _config(config, set_)
     result = run_validate(cfg, cfg.output_dir / "validate")
-    console.print_json(json.dumps(result.to_json()))
+    if show:
+        console.print_json(json.dumps(result.to_json()))
     try:
         enforce_limits(result, cfg)
     except QuarantineLimitExceeded as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from exc
+    return result
+
+
+@app.command()
+def validate(config: ConfigArg = None, set_: SetOption = None) -> None:
+    """Run the validate stage alone; writes train / hold-out / quarantine files under output_dir/validate."""
+    _validated(_config(config, set_), show=True)
 
 
 @app.command()
@@ -164,12 +170,10 @@ def probe(
     """Probe the reward distribution of the base model (or base + adapter) on the train split."""
     from tasks.models import resolve_model_source
     from tasks.probe import gate_message, run_probe, sample_completions
-    from tasks.validate import enforce_limits, run_validate
 
     _setup_logging()
     cfg = _config(config, set_)
-    data = run_validate(cfg, cfg.output_dir / "validate")
-    enforce_limits(data, cfg)
+    data = _validated(cfg)
     label = "adapter" if adapter else "base"
     result = run_probe(
         cfg, data.train_path, resolve_model_source(cfg.model.source), adapter, cfg.output_dir / "probe", label
@@ -235,12 +239,10 @@ def evaluate(
     from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate
     from tasks.models import resolve_model_source
     from tasks.tracking import fetch_adapter
-    from tasks.validate import enforce_limits, run_validate
 
     _setup_logging()
     cfg = _config(config, set_)
-    data = run_validate(cfg, cfg.output_dir / "validate")
-    enforce_limits(data, cfg)
+    data = _validated(cfg)
     scratch = cfg.output_dir / "evaluate-registered"
     base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, scratch / "download")
     base_dir = resolve_model_source(base)

@@ -157,7 +157,8 @@ def prompt_text(prompt: Any) -> str:
     return "\n".join(f"{m['role']}: {unicodedata.normalize('NFKC', m['content']).strip()}" for m in prompt)
 
 
-def _check_prompt(prompt: Any, settings: DataSettings) -> None:
+def _check_prompt(prompt: Any, settings: DataSettings) -> str:
+    """Check a prompt's shape and length; returns its normalized text (see ``prompt_text``)."""
     if prompt is None or (isinstance(prompt, float) and math.isnan(prompt)):
         raise RowProblem("prompt is null")
     if isinstance(prompt, str):
@@ -175,11 +176,12 @@ def _check_prompt(prompt: Any, settings: DataSettings) -> None:
             _check_text(f"prompt message {position} content", message["content"])
     else:
         raise RowProblem(f"prompt has type {type(prompt).__name__}, expected a string or a list of messages")
-    length = len(prompt_text(prompt))
-    if not settings.min_prompt_chars <= length <= settings.max_prompt_chars:
+    text = prompt_text(prompt)
+    if not settings.min_prompt_chars <= len(text) <= settings.max_prompt_chars:
         raise RowProblem(
-            f"prompt is {length} characters, outside [{settings.min_prompt_chars}, {settings.max_prompt_chars}]"
+            f"prompt is {len(text)} characters, outside [{settings.min_prompt_chars}, {settings.max_prompt_chars}]"
         )
+    return text
 
 
 def _check_extras(row: dict[str, Any], kind: str) -> None:
@@ -206,8 +208,9 @@ def _check_extras(row: dict[str, Any], kind: str) -> None:
         raise RowProblem(f"completion has type {type(completion).__name__}, expected a string")
 
 
-def check_row(row: Any, settings: DataSettings) -> dict[str, Any]:
-    """The usable form of one raw row (normalized ground truth beside the raw one), or RowProblem."""
+def check_row(row: Any, settings: DataSettings) -> tuple[dict[str, Any], str]:
+    """The usable form of one raw row (normalized ground truth beside the raw one) and its normalized prompt
+    text, or RowProblem."""
     if isinstance(row, _Unreadable):
         raise RowProblem(row.reason)
     if not isinstance(row, dict):
@@ -215,7 +218,7 @@ def check_row(row: Any, settings: DataSettings) -> dict[str, Any]:
     for column in ("prompt", "ground_truth"):
         if column not in row:
             raise RowProblem(f"missing column {column!r}")
-    _check_prompt(row["prompt"], settings)
+    text = _check_prompt(row["prompt"], settings)
     raw_truth = row["ground_truth"]
     if raw_truth is None or (isinstance(raw_truth, float) and math.isnan(raw_truth)):
         raise RowProblem("ground_truth is null")
@@ -226,7 +229,7 @@ def check_row(row: Any, settings: DataSettings) -> dict[str, Any]:
         raise RowProblem(f"id has type {type(row_id).__name__}, expected a string or integer")
     _check_extras(row, settings.kind)
     normalized = normalize_ground_truth(settings.kind, raw_truth, settings.labels)
-    return {**row, "ground_truth": normalized, "ground_truth_raw": raw_truth}
+    return {**row, "ground_truth": normalized, "ground_truth_raw": raw_truth}, text
 
 
 def holdout_side(prompt: Any, fraction: float) -> bool:
@@ -236,7 +239,12 @@ def holdout_side(prompt: Any, fraction: float) -> bool:
     >>> holdout_side("What is 1+1?", 0.2) == holdout_side("What is 1+1?  ", 0.2)
     True
     """
-    digest = hashlib.sha256(prompt_text(prompt).encode("utf-8")).digest()
+    return text_holdout_side(prompt_text(prompt), fraction)
+
+
+def text_holdout_side(text: str, fraction: float) -> bool:
+    """``holdout_side`` for an already normalized prompt text."""
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
@@ -247,7 +255,7 @@ def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _gx_audit(
-    kept: list[dict[str, Any]], settings: DataSettings, docs_dir: Path | None = None
+    kept: list[dict[str, Any]], settings: DataSettings, docs_dir: Path | None = None, texts: list[str] | None = None
 ) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """Run the Great Expectations suite over the kept rows through a checkpoint (which builds Data Docs into
     ``docs_dir`` when given); returns the failing ids with expectation names, and a summary."""
@@ -257,7 +265,7 @@ def _gx_audit(
     frame = pd.DataFrame(
         {
             "id": [row["id"] for row in kept],
-            "prompt_text": [prompt_text(row["prompt"]) for row in kept],
+            "prompt_text": texts if texts is not None else [prompt_text(row["prompt"]) for row in kept],
             "ground_truth": [row["ground_truth"] for row in kept],
         }
     )
@@ -324,28 +332,28 @@ def validate_rows(
 ) -> tuple[list[dict], list[dict], dict]:
     """Split raw rows into kept (normalized) rows and quarantined records, each with every reason."""
     quarantined: list[dict[str, Any]] = []
-    candidates: list[tuple[int, dict[str, Any]]] = []
+    candidates: list[tuple[int, dict[str, Any], str]] = []
     for index, row in enumerate(raw_rows):
         try:
-            checked = check_row(row, settings)
+            checked, text = check_row(row, settings)
         except RowProblem as exc:
             original = {"line": row.line_number, "text": row.text} if isinstance(row, _Unreadable) else row
             quarantined.append({"row_index": index, "row": original, "reasons": [str(exc)]})
             continue
         checked["id"] = str(checked.get("id", f"row-{index}"))
-        candidates.append((index, checked))
+        candidates.append((index, checked, text))
 
     # Duplicates: same content twice → keep the first; an id reused with other content → later rows out;
     # one normalized prompt with different ground truths → every such row out.
     truths_by_prompt: dict[str, set[str]] = {}
-    for _, row in candidates:
-        truths_by_prompt.setdefault(prompt_text(row["prompt"]), set()).add(row["ground_truth"])
+    for _, row, key in candidates:
+        truths_by_prompt.setdefault(key, set()).add(row["ground_truth"])
     seen_content: dict[str, str] = {}
     seen_ids: dict[str, str] = {}
     kept: list[dict[str, Any]] = []
-    for index, row in candidates:
+    kept_texts: list[str] = []
+    for index, row, key in candidates:
         content = json.dumps({k: v for k, v in row.items() if k != "id"}, sort_keys=True, default=str)
-        key = prompt_text(row["prompt"])
         reasons = []
         if len(truths_by_prompt[key]) > 1:
             reasons.append(f"conflicting ground truth: this prompt also has {sorted(truths_by_prompt[key])}")
@@ -359,10 +367,11 @@ def validate_rows(
         seen_ids.setdefault(row["id"], content)
         seen_content[content] = row["id"]
         kept.append(row)
+        kept_texts.append(key)
 
     gx_summary: dict[str, Any] = {"success": True, "statistics": {}}
     if kept:
-        failing, gx_summary = _gx_audit(kept, settings, docs_dir)
+        failing, gx_summary = _gx_audit(kept, settings, docs_dir, kept_texts)
         if failing:
             still_kept = []
             for row in kept:
@@ -388,8 +397,9 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     """Load, normalize, check, quarantine and split; writes train / holdout / quarantine JSONL and a report."""
     raw_rows = load_rows(config.data, config.seed)
     kept, quarantined, gx_summary = validate_rows(raw_rows, config.data, stage_dir / "data_docs")
-    train = [row for row in kept if not holdout_side(row["prompt"], config.data.holdout_fraction)]
-    holdout = [row for row in kept if holdout_side(row["prompt"], config.data.holdout_fraction)]
+    sides = [holdout_side(row["prompt"], config.data.holdout_fraction) for row in kept]
+    train = [row for row, side in zip(kept, sides, strict=True) if not side]
+    holdout = [row for row, side in zip(kept, sides, strict=True) if side]
     result = ValidateResult(
         train_path=stage_dir / "train.jsonl",
         holdout_path=stage_dir / "holdout.jsonl",
