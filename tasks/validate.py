@@ -277,7 +277,10 @@ def _gx_audit(
             site_name="grpoflow",
             site_config={
                 "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(docs_dir.resolve()),  # GX wants an absolute path
+                },
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             },
         )

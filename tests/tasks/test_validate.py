@@ -167,3 +167,11 @@ def test_great_expectations_audit_names_failing_rows(tmp_path: Path) -> None:
     assert any("ExpectColumnValuesToBeUnique" in r or "unique" in r for r in failing["a"])
     assert any("between" in r for r in failing["c"])
     assert (tmp_path / "docs" / "index.html").is_file()
+
+
+def test_relative_output_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(overrides={"data.arithmetic.num_rows": 50})
+    result = run_validate(config, Path("outputs") / "validate")  # as configs/demo.yaml has it: relative
+    assert result.rows_kept == 50
+    assert (tmp_path / "outputs" / "validate" / "data_docs" / "index.html").is_file()
