@@ -63,7 +63,9 @@ class DataSettings(_Strict):
     )
     split: str = "train"
     kind: TaskKind = "math"
-    labels: list[str] | None = Field(None, description="Allowed labels for kind 'label'.")
+    labels: list[str] | None = Field(
+        None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
+    )
     system_prompt: str | None = None
     holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     min_prompt_chars: int = Field(1, ge=1)
@@ -73,8 +75,6 @@ class DataSettings(_Strict):
 
     @model_validator(mode="after")
     def _labels_for_label_kind(self) -> DataSettings:
-        if self.kind == "label" and not self.labels:
-            raise ValueError("data.labels must list the allowed labels when data.kind is 'label'")
         if self.min_prompt_chars > self.max_prompt_chars:
             raise ValueError("data.min_prompt_chars must not exceed data.max_prompt_chars")
         return self
@@ -150,7 +150,7 @@ class ProbeSettings(_Strict):
     pass_rate_band: tuple[float, float] | None = Field(
         None, description="Keep for GRPO only prompts whose SFT-probe pass rate lies in [low, high]."
     )
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
 
 
 class EvaluationSettings(_Strict):
@@ -159,7 +159,7 @@ class EvaluationSettings(_Strict):
     k: list[int] = [1, 2, 4]
     temperature: float = Field(1.0, gt=0)
     max_new_tokens: int = Field(24, ge=1)
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
     bootstrap_resamples: int = Field(2000, ge=100)
     forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
     general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")

@@ -32,7 +32,11 @@ _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
 
 
 class RowProblem(ValueError):
-    """Why one row cannot be used."""
+    """Why one row cannot be used: every reason found, not only the first."""
+
+    def __init__(self, *reasons: str) -> None:
+        super().__init__("; ".join(reasons))
+        self.reasons = list(reasons)
 
 
 class QuarantineLimitExceeded(RuntimeError):
@@ -208,28 +212,62 @@ def _check_extras(row: dict[str, Any], kind: str) -> None:
         raise RowProblem(f"completion has type {type(completion).__name__}, expected a string")
 
 
-def check_row(row: Any, settings: DataSettings) -> tuple[dict[str, Any], str]:
-    """The usable form of one raw row (normalized ground truth beside the raw one) and its normalized prompt
-    text, or RowProblem."""
-    if isinstance(row, _Unreadable):
-        raise RowProblem(row.reason)
-    if not isinstance(row, dict):
-        raise RowProblem(f"row is a {type(row).__name__}, expected an object")
-    for column in ("prompt", "ground_truth"):
-        if column not in row:
-            raise RowProblem(f"missing column {column!r}")
-    text = _check_prompt(row["prompt"], settings)
+def _ground_truth(row: dict[str, Any], settings: DataSettings) -> str:
     raw_truth = row["ground_truth"]
     if raw_truth is None or (isinstance(raw_truth, float) and math.isnan(raw_truth)):
         raise RowProblem("ground_truth is null")
     if isinstance(raw_truth, str):
         _check_text("ground_truth", raw_truth)
+    labels = row.get("labels") if isinstance(row.get("labels"), list) else settings.labels
+    if settings.kind == "label" and not labels:
+        raise RowProblem("no allowed label set: give data.labels or a 'labels' list on the row")
+    return normalize_ground_truth(settings.kind, raw_truth, labels)
+
+
+def _check_id(row: dict[str, Any]) -> None:
     row_id = row.get("id")
     if row_id is not None and (isinstance(row_id, bool) or not isinstance(row_id, str | int)):
         raise RowProblem(f"id has type {type(row_id).__name__}, expected a string or integer")
-    _check_extras(row, settings.kind)
-    normalized = normalize_ground_truth(settings.kind, raw_truth, settings.labels)
-    return {**row, "ground_truth": normalized, "ground_truth_raw": raw_truth}, text
+
+
+def check_row(row: Any, settings: DataSettings) -> tuple[dict[str, Any], str]:
+    """The usable form of one raw row (normalized ground truth beside the raw one) and its normalized prompt
+    text, or RowProblem with every reason the row is unusable.
+
+    >>> try:
+    ...     check_row({"prompt": "", "ground_truth": None, "id": 1.5}, DataSettings())
+    ... except RowProblem as problem:
+    ...     problem.reasons
+    ['prompt is empty or whitespace', 'ground_truth is null', 'id has type float, expected a string or integer']
+    """
+    if isinstance(row, _Unreadable):
+        raise RowProblem(row.reason)
+    if not isinstance(row, dict):
+        raise RowProblem(f"row is a {type(row).__name__}, expected an object")
+    reasons: list[str] = []
+    text, normalized = "", ""
+    for column, check in (("prompt", lambda: _check_prompt(row["prompt"], settings)),
+                          ("ground_truth", lambda: _ground_truth(row, settings))):  # fmt: skip
+        if column not in row:
+            reasons.append(f"missing column {column!r}")
+            continue
+        try:
+            value = check()
+        except RowProblem as problem:
+            reasons.extend(problem.reasons)
+            continue
+        if column == "prompt":
+            text = value
+        else:
+            normalized = value
+    for check in (lambda: _check_id(row), lambda: _check_extras(row, settings.kind)):
+        try:
+            check()
+        except RowProblem as problem:
+            reasons.extend(problem.reasons)
+    if reasons:
+        raise RowProblem(*reasons)
+    return {**row, "ground_truth": normalized, "ground_truth_raw": row["ground_truth"]}, text
 
 
 def holdout_side(prompt: Any, fraction: float) -> bool:
@@ -291,6 +329,7 @@ def _gx_audit(
         .add_batch_definition_whole_dataframe("all")
     )
     expectations = [
+        *(gx.expectations.ExpectColumnToExist(column=c) for c in ("id", "prompt_text", "ground_truth")),
         gx.expectations.ExpectColumnValuesToNotBeNull(column="id"),
         gx.expectations.ExpectColumnValuesToBeUnique(column="id"),
         gx.expectations.ExpectColumnValuesToNotBeNull(column="prompt_text"),
@@ -301,7 +340,7 @@ def _gx_audit(
         gx.expectations.ExpectColumnValuesToNotBeNull(column="ground_truth"),
         gx.expectations.ExpectColumnValuesToMatchRegex(column="ground_truth", regex=r"\S"),
     ]
-    if settings.kind == "label":
+    if settings.kind == "label" and settings.labels:  # rows may instead carry their own 'labels'
         expectations.append(
             gx.expectations.ExpectColumnValuesToBeInSet(column="ground_truth", value_set=settings.labels)
         )
@@ -341,7 +380,7 @@ def validate_rows(
             checked, text = check_row(row, settings)
         except RowProblem as exc:
             original = {"line": row.line_number, "text": row.text} if isinstance(row, _Unreadable) else row
-            quarantined.append({"row_index": index, "row": original, "reasons": [str(exc)]})
+            quarantined.append({"row_index": index, "row": original, "reasons": exc.reasons})
             continue
         checked["id"] = str(checked.get("id", f"row-{index}"))
         candidates.append((index, checked, text))

@@ -82,6 +82,14 @@ def test_every_bad_row_is_quarantined_with_its_reason_and_good_rows_kept() -> No
     assert gx["success"] is True
 
 
+def test_a_row_with_several_problems_lists_them_all() -> None:
+    _, quarantined, _ = validate_rows([{"id": ["x"], "prompt": 7, "ground_truth": "\\frac{"}], DataSettings())
+    assert len(quarantined[0]["reasons"]) == 3
+    assert "prompt has type int" in quarantined[0]["reasons"][0]
+    assert "not parseable" in quarantined[0]["reasons"][1]
+    assert "id has type list" in quarantined[0]["reasons"][2]
+
+
 def test_normalized_ground_truth_keeps_the_raw_value() -> None:
     kept, _, _ = validate_rows(GOOD, DataSettings(kind="math"))
     assert [(r["ground_truth"], r["ground_truth_raw"]) for r in kept][:4] == [
@@ -108,6 +116,11 @@ def test_labels_and_json_and_code() -> None:
     kept, quarantined, _ = validate_rows(label_rows, DataSettings(kind="label", labels=["positive", "negative"]))
     assert kept[0]["ground_truth"] == "positive"
     assert "not in the allowed set" in quarantined[0]["reasons"][0]
+    per_row = [{"id": "1", "prompt": "p1", "ground_truth": "Cat", "labels": ["cat", "dog"]},
+               {"id": "2", "prompt": "p2", "ground_truth": "cat"}]  # fmt: skip
+    kept, quarantined, _ = validate_rows(per_row, DataSettings(kind="label"))
+    assert kept[0]["ground_truth"] == "cat"
+    assert "no allowed label set" in quarantined[0]["reasons"][0]
     json_rows = [
         {"id": "1", "prompt": "p", "ground_truth": '{"b":1, "a":2}'},
         {"id": "2", "prompt": "q", "ground_truth": "{"},

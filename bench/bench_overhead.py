@@ -1,0 +1,101 @@
+"""Orchestration overhead: grpoflow's GRPO stage, run as a Prefect task inside a flow with its MLflow run and
+callbacks, against a plain TRL script with the identical GRPOConfig, model, LoRA, data and reward, in the same
+process on the same machine. Reports the ratio of seconds per step and of total wall time, on SmolLM2-135M
+(steps of seconds) and on the tiny model.
+
+Run: .venv/bin/python bench/bench_overhead.py [--steps 6 --tiny-steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from prefect import flow  # noqa: E402
+
+import tasks  # noqa: E402,F401  (telemetry off)
+from reward_fns.registry import build_reward_functions  # noqa: E402
+from tasks.config import load_config  # noqa: E402
+from tasks.grpo import grpo_examples, grpo_task  # noqa: E402
+from tasks.models import load_policy, load_tokenizer, resolve_model_source  # noqa: E402
+from tasks.tracking import finish_pipeline, start_pipeline  # noqa: E402
+from tasks.training import common_trainer_args, lora_config  # noqa: E402
+from tasks.validate import run_validate  # noqa: E402
+
+
+def plain_trl(config, train_path: Path, base: Path, out: Path) -> tuple[float, list[float]]:
+    """What a user would write with TRL alone: the same arguments, no Prefect, no MLflow, no callbacks."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tasks.data import read_jsonl
+
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(base)
+    dataset = Dataset.from_list(grpo_examples(read_jsonl(train_path), tokenizer, config))
+    rewards, weights = build_reward_functions(config.rewards)
+    g = config.grpo
+    args = GRPOConfig(
+        **{**common_trainer_args(config, out), "disable_tqdm": True},
+        max_steps=g.max_steps, learning_rate=g.learning_rate, per_device_train_batch_size=g.batch_size,
+        num_generations=g.num_generations, max_completion_length=g.max_completion_length, temperature=g.temperature,
+        beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, reward_weights=weights,
+        logging_steps=1, lr_scheduler_type="constant",
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=load_policy(base, None), reward_funcs=rewards, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, peft_config=lora_config(config))  # fmt: skip
+    trainer.train()
+    trainer.save_model(str(out / "adapter"))
+    steps = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
+    return time.perf_counter() - started, steps
+
+
+@flow(name="bench-overhead")
+def orchestrated(config, train_path: Path, base: Path) -> tuple[float, list[float]]:
+    started = time.perf_counter()
+    tracker = start_pipeline(config, "bench-overhead", config.output_dir / "bench-overhead")
+    result = grpo_task(config, tracker, train_path, base, None)
+    finish_pipeline(tracker, "FINISHED")
+    return time.perf_counter() - started, [entry["step_time"] for entry in result.history if "step_time" in entry]
+
+
+def compare(model: str, steps: int, work: Path) -> dict:
+    config = load_config(
+        "configs/demo.yaml" if model != "tiny-random" else "configs/tiny.yaml",
+        {"model.source": model, "grpo.max_steps": steps, "grpo.checkpoint_steps": 0,
+         "grpo.log_completions_every": 0, "output_dir": str(work / model)},
+    )  # fmt: skip
+    data = run_validate(config, work / model / "validate")
+    base = resolve_model_source(model)
+    plain_total, plain_steps = plain_trl(config, data.train_path, base, work / model / "plain")
+    ours_total, ours_steps = orchestrated(config, data.train_path, base)
+    plain_step = sum(plain_steps[1:]) / len(plain_steps[1:])  # the first step warms up
+    ours_step = sum(ours_steps[1:]) / len(ours_steps[1:])
+    return {"model": model, "steps": steps, "plain_seconds_per_step": round(plain_step, 3),
+            "grpoflow_seconds_per_step": round(ours_step, 3), "step_ratio": round(ours_step / plain_step, 3),
+            "plain_total_s": round(plain_total, 1), "grpoflow_total_s": round(ours_total, 1),
+            "total_ratio": round(ours_total / plain_total, 3)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--tiny-steps", type=int, default=20)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    results = [compare("smollm2-135m-instruct", args.steps, work), compare("tiny-random", args.tiny_steps, work)]
+    print(json.dumps({"bench": "orchestration_overhead", "results": results}))
+    print(f"{'model':24}{'plain s/step':>14}{'grpoflow s/step':>17}{'ratio':>8}{'total ratio':>13}")
+    for r in results:
+        print(f"{r['model']:24}{r['plain_seconds_per_step']:>14}{r['grpoflow_seconds_per_step']:>17}"
+              f"{r['step_ratio']:>8}{r['total_ratio']:>13}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
