@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -104,12 +104,4 @@ def stage_seconds(tracker: Any) -> dict[str, float]:
 
 
 def _dump(data: Any) -> str:
-    import json
-
     return json.dumps(data, indent=2, default=str)
-
-
-def load_summary(run_dir: Path) -> dict[str, Any]:
-    import json
-
-    return json.loads((run_dir / "summary.json").read_text())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,6 @@ class MetricsHistory(TrainerCallback):
 
     def __init__(self) -> None:
         self.history: list[dict[str, float]] = []
-        self.started = time.perf_counter()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         numbers = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
