@@ -169,7 +169,7 @@ def probe(
 ) -> None:
     """Probe the reward distribution of the base model (or base + adapter) on the train split."""
     from tasks.models import resolve_model_source
-    from tasks.probe import gate_message, run_probe, sample_completions
+    from tasks.probe import gate_message, probe_verdict, run_probe, sample_completions
 
     _setup_logging()
     cfg = _config(config, set_)
@@ -178,8 +178,9 @@ def probe(
     result = run_probe(
         cfg, data.train_path, resolve_model_source(cfg.model.source), adapter, cfg.output_dir / "probe", label
     )
-    console.print_json(json.dumps(result.to_json()))
     message = gate_message(result, cfg.probe.min_signal_share, sample_completions(result))
+    result.verdict = probe_verdict(result, message, gates=True)
+    console.print_json(json.dumps(result.to_json()))
     if message:
         console.print(f"[yellow]{message}[/yellow]")
         raise typer.Exit(3)
