@@ -3,6 +3,7 @@ reward functions (weights reach TRL's ``reward_weights``)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,13 +78,18 @@ class CompletionSampleLogger(TrainerCallback):
         self.sink(state.global_step, table)
 
 
+def _column_text(value: Any) -> str | None:
+    """Columns reach TRL as strings (a dataset needs one type per column): JSON for objects such as schemas."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
 def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
     """Rendered prompts plus the columns reward functions read (same set of keys on every row)."""
     present = [c for c in REWARD_COLUMNS if any(c in row for row in rows)]
     return [
         {
             "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
-            **{c: row.get(c) if isinstance(row.get(c), str) or row.get(c) is None else str(row[c]) for c in present},
+            **{c: _column_text(row.get(c)) for c in present},
         }
         for row in rows
     ]

@@ -49,3 +49,16 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_config, tiny_spl
     resumed = run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
     assert resumed.steps == 2
     assert [entry["step"] for entry in resumed.history if "loss" in entry] == [2.0]
+
+
+def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) -> None:
+    from reward_fns.json_schema import json_schema
+    from tasks.grpo import grpo_examples
+    from tasks.models import load_tokenizer
+
+    rows = [{"id": 1, "prompt": "p", "ground_truth": "{}", "schema": {"type": "object"}},
+            {"id": "2", "prompt": "q", "ground_truth": "{}", "schema": '{"type": "array"}'}]  # fmt: skip
+    examples = grpo_examples(rows, load_tokenizer(tiny_model_dir), tiny_config)
+    assert [e["id"] for e in examples] == ["1", "2"]
+    # The reward reads the column as TRL will pass it: a dict schema must still be judged.
+    assert json_schema(completions=["{}", "{}"], schema=[e["schema"] for e in examples]) == [1.0, 0.0]
