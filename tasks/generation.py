@@ -62,6 +62,9 @@ def generate_completions(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
     results: list[list[str]] = [[] for _ in prompts]
+    sampling = (
+        {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    )
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -77,11 +80,6 @@ def generate_completions(
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention[row, width - len(ids) :] = 1
             torch.manual_seed(seed + batch_number)
-            sampling = (
-                {"do_sample": False}
-                if greedy
-                else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-            )
             input_ids, attention = input_ids.to(device), attention.to(device)
             with torch.inference_mode(), compute_autocast(precision):
                 cache = _shared_prefill(model, input_ids, attention, samples)
@@ -100,9 +98,10 @@ def generate_completions(
             texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
             for offset, index in enumerate(indices):
                 results[index] = texts[offset * samples : (offset + 1) * samples]
+            done = min(start + prompts_per_batch, len(order))
+            logger.debug("generated %d/%d prompts", done, len(order))
             if progress:
-                progress(min(start + prompts_per_batch, len(order)), len(order))
-            logger.debug("generated %d/%d prompts", min(start + prompts_per_batch, len(order)), len(order))
+                progress(done, len(order))
     finally:
         model.train(was_training)
     if stats is not None:

@@ -7,6 +7,7 @@ local model folder, or a Hub id.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -173,6 +174,12 @@ def resolve_dtype(precision: str) -> torch.dtype:
         return torch.float32
     if precision == "bf16":
         return torch.bfloat16
+    return _auto_dtype()
+
+
+@functools.cache
+def _auto_dtype() -> torch.dtype:
+    """``auto``'s choice, made (and said) once per process: it is asked on every generation batch."""
     chosen = torch.bfloat16 if bf16_supported() else torch.float32
     logger.info("precision auto → %s", "bf16 autocast" if chosen == torch.bfloat16 else "fp32 (no native bf16)")
     return chosen

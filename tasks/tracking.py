@@ -6,6 +6,7 @@ same in any thread or worker process.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import resource
@@ -60,7 +61,9 @@ def prepare_run_dir(config: Any, run_dir: Path) -> None:
         snapshot.write_text(config.model_dump_json(indent=2))
 
 
+@functools.lru_cache(maxsize=16)
 def client_for(tracking_uri: str) -> Any:
+    """One MlflowClient per URI: trainer callbacks log on every step, so it is not rebuilt each time."""
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
