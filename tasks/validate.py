@@ -10,7 +10,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -245,26 +245,19 @@ def check_row(row: Any, settings: DataSettings) -> tuple[dict[str, Any], str]:
     if not isinstance(row, dict):
         raise RowProblem(f"row is a {type(row).__name__}, expected an object")
     reasons: list[str] = []
-    text, normalized = "", ""
-    for column, check in (("prompt", lambda: _check_prompt(row["prompt"], settings)),
-                          ("ground_truth", lambda: _ground_truth(row, settings))):  # fmt: skip
-        if column not in row:
-            reasons.append(f"missing column {column!r}")
-            continue
+
+    def collect(check: Callable[[], Any]) -> Any:
         try:
-            value = check()
+            return check()
         except RowProblem as problem:
             reasons.extend(problem.reasons)
-            continue
-        if column == "prompt":
-            text = value
-        else:
-            normalized = value
-    for check in (lambda: _check_id(row), lambda: _check_extras(row, settings.kind)):
-        try:
-            check()
-        except RowProblem as problem:
-            reasons.extend(problem.reasons)
+            return None
+
+    reasons.extend(f"missing column {c!r}" for c in ("prompt", "ground_truth") if c not in row)
+    text = collect(lambda: _check_prompt(row["prompt"], settings)) if "prompt" in row else None
+    normalized = collect(lambda: _ground_truth(row, settings)) if "ground_truth" in row else None
+    collect(lambda: _check_id(row))
+    collect(lambda: _check_extras(row, settings.kind))
     if reasons:
         raise RowProblem(*reasons)
     return {**row, "ground_truth": normalized, "ground_truth_raw": row["ground_truth"]}, text
