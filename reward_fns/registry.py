@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reward_fns.code import code_passes, code_tests
 from reward_fns.format import boxed_format, tag_count, think_answer_format
 from reward_fns.json_schema import json_match, json_schema
 from reward_fns.label import exact_match, label_match
@@ -38,6 +39,8 @@ REWARD_FUNCTIONS: dict[str, RewardFunction] = {
     "label_match": label_match,
     "json_schema": json_schema,
     "json_match": json_match,
+    "code_tests": code_tests,
+    "code_passes": code_passes,
 }
 
 # Which reward decides "correct" for pass@k and promotion, per task kind.
@@ -46,8 +49,11 @@ CORRECTNESS_REWARD: dict[str, str] = {
     "exact": "exact_match",
     "label": "label_match",
     "json": "json_match",
-    "code": "code_tests",
+    "code": "code_passes",
 }
+
+# Dataset columns reward functions may read; the trainer's dataset and scoring pass exactly these.
+REWARD_COLUMNS = ("ground_truth", "tests", "entry_point", "code_prefix", "schema", "labels", "id")
 
 
 def check_reward_name(name: str) -> None:

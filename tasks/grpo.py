@@ -12,16 +12,13 @@ from typing import Any
 from prefect import task
 from transformers import TrainerCallback
 
-from reward_fns.registry import IsolatedReward, build_reward_functions
+from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.models import load_policy, load_tokenizer
 from tasks.tracking import Tracker
 from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
-
-# Row columns that reward functions may read; anything else stays out of the trainer's dataset.
-REWARD_COLUMNS = ("ground_truth", "tests", "schema", "labels", "id")
 
 
 class RewardNoneLimitExceeded(RuntimeError):

@@ -9,10 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, resolve_reward
+from reward_fns.registry import CORRECTNESS_REWARD, REWARD_COLUMNS, build_reward_functions, resolve_reward
 from tasks.config import PipelineConfig
-
-EXTRA_COLUMNS = ("tests", "schema", "labels", "id")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -61,7 +59,7 @@ def paired_difference(
 def reward_columns(rows: Sequence[dict[str, Any]], repeat: int) -> dict[str, list[Any]]:
     """The dataset columns reward functions read, each value repeated ``repeat`` times (one per completion)."""
     columns: dict[str, list[Any]] = {"ground_truth": [row["ground_truth"] for row in rows for _ in range(repeat)]}
-    for name in EXTRA_COLUMNS:
+    for name in REWARD_COLUMNS[1:]:
         if any(name in row for row in rows):
             columns[name] = [row.get(name) for row in rows for _ in range(repeat)]
     return columns

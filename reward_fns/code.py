@@ -1,0 +1,121 @@
+"""Code rewards: run the completion's program against the row's unit tests in the sandbox.
+
+A row carries ``tests`` (Python: ``assert`` lines, ``test_*`` functions, ``unittest.TestCase`` classes, or a
+HumanEval ``check(candidate)`` function with the row's ``entry_point``) and optionally ``code_prefix`` (code placed
+before the completion, e.g. HumanEval's signature and imports).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from functools import lru_cache
+from typing import Any
+
+from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits, SandboxResult
+from reward_fns.text import Completion, completion_text
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_CACHE_SIZE = 4096
+_results: OrderedDict[tuple[SandboxJob, SandboxLimits], SandboxResult] = OrderedDict()
+_results_lock = threading.Lock()
+
+
+def extract_code(text: str) -> str:
+    """The program in a completion: the last fenced code block if there is one, else the whole text.
+
+    >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
+    'def f():\\n    return 1\\n'
+    >>> extract_code("    return x + 1")
+    '    return x + 1'
+    """
+    blocks = _FENCE.findall(text)
+    return blocks[-1] if blocks else text
+
+
+@lru_cache(maxsize=8)
+def shared_sandbox(limits: SandboxLimits, workers: int | None = None) -> Sandbox:
+    """One sandbox per setting, reused across calls (isolation is detected once)."""
+    return Sandbox(limits, workers=workers)
+
+
+def run_programs(jobs: list[SandboxJob], limits: SandboxLimits, workers: int | None = None) -> list[SandboxResult]:
+    """Sandbox results for ``jobs``, each distinct (job, limits) run once and remembered (a reward and the
+    correctness check, or the G equal completions of a group, do not run the same program twice)."""
+    pending = []
+    with _results_lock:
+        for job in dict.fromkeys(jobs):
+            if (job, limits) not in _results:
+                pending.append(job)
+    fresh = shared_sandbox(limits, workers).run_many(pending) if pending else []
+    with _results_lock:
+        for job, result in zip(pending, fresh, strict=True):
+            if result.status != "infrastructure":
+                _results[(job, limits)] = result
+                while len(_results) > _CACHE_SIZE:
+                    _results.popitem(last=False)
+        known = {job: _results.get((job, limits)) for job in jobs}
+    fresh_by_job = dict(zip(pending, fresh, strict=True))
+    return [known[job] or fresh_by_job[job] for job in jobs]
+
+
+def _jobs(
+    completions: list[Completion],
+    tests: list[str],
+    entry_point: list[str | None] | None,
+    code_prefix: list[str | None] | None,
+) -> list[SandboxJob]:
+    entry_points = entry_point or [None] * len(completions)
+    prefixes = code_prefix or [None] * len(completions)
+    jobs = []
+    for completion, row_tests, row_entry, prefix in zip(completions, tests, entry_points, prefixes, strict=True):
+        program = extract_code(completion_text(completion))
+        if prefix:
+            program = f"{prefix}\n{program}"
+        jobs.append(SandboxJob(program=program, tests=row_tests or "", entry_point=row_entry or None))
+    return jobs
+
+
+def code_tests(
+    completions: list[Completion],
+    tests: list[str],
+    entry_point: list[str | None] | None = None,
+    code_prefix: list[str | None] | None = None,
+    partial_credit: float = 0.3,
+    timeout_s: float = 10.0,
+    memory_mb: int = 512,
+    workers: int | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """1.0 when every test passes; ``partial_credit`` when the program runs but a test fails (the practice
+    guide's shaping); 0.0 for a syntax error, a crash before the tests, a timeout, exhausted memory or tampering
+    with the test framework; ``None`` when the sandbox itself failed twice (cannot judge).
+
+    >>> tests = "assert add(2, 3) == 5"
+    >>> code_tests(completions=["```python\\ndef add(a, b):\\n    return a + b\\n```",
+    ...                         "def add(a, b):\\n    return a - b", "def add(a, b) return"], tests=[tests] * 3)
+    [1.0, 0.3, 0.0]
+    """
+    limits = SandboxLimits(cpu_seconds=max(1, int(timeout_s)), wall_seconds=timeout_s + 2, memory_mb=memory_mb)
+    results = run_programs(_jobs(completions, tests, entry_point, code_prefix), limits, workers)
+    rewards: list[float | None] = []
+    for result in results:
+        if result.status == "infrastructure":
+            rewards.append(None)
+        elif result.status == "passed":
+            rewards.append(1.0)
+        elif result.status == "failed":
+            rewards.append(float(partial_credit))
+        else:
+            rewards.append(0.0)
+    return rewards
+
+
+def code_passes(completions: list[Completion], tests: list[str], **kwargs: Any) -> list[float | None]:
+    """1.0 when every test passes, else 0.0 (``None`` when the sandbox failed): the correctness check for code.
+
+    >>> code_passes(completions=["def add(a, b):\\n    return a - b"], tests=["assert add(2, 3) == 5"])
+    [0.0]
+    """
+    return code_tests(completions, tests, **{**kwargs, "partial_credit": 0.0})
