@@ -90,7 +90,8 @@ def code_tests(
 ) -> list[float | None]:
     """1.0 when every test passes; ``partial_credit`` when the program runs but a test fails (the practice
     guide's shaping); 0.0 for a syntax error, a crash before the tests, a timeout, exhausted memory or tampering
-    with the test framework; ``None`` when the sandbox itself failed twice (cannot judge).
+    with the test framework; ``None`` when the row's tests are unusable or the sandbox itself failed twice (cannot
+    judge).
 
     >>> tests = "assert add(2, 3) == 5"
     >>> code_tests(completions=["```python\\ndef add(a, b):\\n    return a + b\\n```",
@@ -101,7 +102,7 @@ def code_tests(
     results = run_programs(_jobs(completions, tests, entry_point, code_prefix), limits, workers)
     rewards: list[float | None] = []
     for result in results:
-        if result.status == "infrastructure":
+        if result.status in ("infrastructure", "invalid_tests"):
             rewards.append(None)
         elif result.status == "passed":
             rewards.append(1.0)
