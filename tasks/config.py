@@ -147,6 +147,11 @@ class ProbeSettings(_Strict):
     min_signal_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Gate: the share of groups whose rewards are not all equal."
     )
+    signal_from: Literal["reward", "correctness"] = Field(
+        "reward",
+        description="What must differ within a group for it to count as signal: the weighted reward, or "
+        "correctness (solved or not; partial credit such as 'the code runs' does not count).",
+    )
     pass_rate_band: tuple[float, float] | None = Field(
         None, description="Keep for GRPO only prompts whose SFT-probe pass rate lies in [low, high]."
     )

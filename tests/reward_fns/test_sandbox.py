@@ -105,7 +105,8 @@ def hostile_programs(port: int, home_file: Path, escape_file: Path) -> dict[str,
             {"runtime_error"},
         ),
         "environment secret": (
-            "import os\nprint(dict(os.environ))\nsecret = os.environ['GRPOFLOW_SANDBOX_SECRET']\ndef answer(): return 42",
+            "import os\nprint(dict(os.environ))\nsecret = os.environ['GRPOFLOW_SANDBOX_SECRET']\n"
+            "def answer(): return 42",
             TESTS,
             {"runtime_error"},
         ),
@@ -148,9 +149,14 @@ def hostile_programs(port: int, home_file: Path, escape_file: Path) -> dict[str,
             TESTS,
             {"tampering"},
         ),
-        "stdout flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", TESTS, {"runtime_error", "timeout"}),
+        "stdout flood": (
+            "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+            TESTS,
+            {"runtime_error", "timeout"},
+        ),
         "ignores SIGTERM": (
-            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\ndef answer(): return 42",
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+            "def answer(): return 42",
             TESTS,
             {"timeout"},
         ),
@@ -249,8 +255,8 @@ def test_sandbox_tears_down_its_cgroups_and_processes() -> None:
         ("def add(a, b):\n    return a + b", "def test_small():\n    assert add(1, 1) == 2", "passed", 1, 1),
         (
             "def add(a, b):\n    return a + b",
-            "import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n        self.assertEqual(add(1, 1), 2)"
-            "\n    def test_b(self):\n        self.assertEqual(add(1, 1), 3)",
+            "import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+            "        self.assertEqual(add(1, 1), 2)\n    def test_b(self):\n        self.assertEqual(add(1, 1), 3)",
             "failed",
             1,
             2,
@@ -287,7 +293,9 @@ def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(sandbox: Sandbo
     canonical = sandbox.run_many(
         [SandboxJob(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"]) for p in problems]
     )
-    broken = sandbox.run_many([SandboxJob(p["prompt"] + "    return None\n", p["test"], p["entry_point"]) for p in problems])
+    broken = sandbox.run_many(
+        [SandboxJob(p["prompt"] + "    return None\n", p["test"], p["entry_point"]) for p in problems]
+    )
     assert [p["task_id"] for p, r in zip(problems, canonical, strict=True) if not r.passed] == []
     assert [p["task_id"] for p, r in zip(problems, broken, strict=True) if r.passed] == []
     assert all(r.status == "failed" for r in broken)

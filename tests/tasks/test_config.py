@@ -68,6 +68,9 @@ def test_default_tracking_store_is_sqlite_under_output_dir(tmp_path: Path) -> No
     assert config.resolved_tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
 
 
-def test_a_kind_without_its_reward_fails_at_load() -> None:
-    with pytest.raises(ConfigError, match="needs the 'code_tests' reward"):
-        load_config(overrides={"data.kind": "code"})
+def test_every_kind_has_a_correctness_reward() -> None:
+    from reward_fns.registry import CORRECTNESS_REWARD, REWARD_FUNCTIONS
+
+    config = load_config(overrides={"data.kind": "code", "rewards": [{"name": "code_tests"}]})
+    assert CORRECTNESS_REWARD[config.data.kind] == "code_passes"
+    assert all(name in REWARD_FUNCTIONS for name in CORRECTNESS_REWARD.values())
