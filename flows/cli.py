@@ -278,5 +278,64 @@ def export(
     console.print(f"{model} (version {version.version}) merged into {merged}")
 
 
+@app.command()
+def up(
+    config: ConfigArg = None,
+    home: Annotated[
+        Path | None, typer.Option(help="Data folder for both servers. Default: <output_dir>/services")
+    ] = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1.")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1.")] = 5000,
+) -> None:
+    """Start a Prefect server and an MLflow server on 127.0.0.1 (data under the output dir); Ctrl-C stops both."""
+    import signal
+    import time
+
+    from flows.services import ServiceError, start_services
+
+    cfg = _config(config)
+    folder = home or cfg.output_dir / "services"
+    try:
+        services = start_services(folder, prefect_port, mlflow_port)
+    except ServiceError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"Prefect UI  {services.prefect_url}\nMLflow UI   {services.mlflow_url}\ndata        {folder}")
+    console.print(
+        "In another shell:\n"
+        f"  export PREFECT_API_URL={services.prefect_api_url}\n"
+        f"  grpoflow run --set tracking.tracking_uri={services.mlflow_url}\n"
+        "  grpoflow deploy && GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu\n"
+        "Ctrl-C stops both servers."
+    )
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        while all(p.poll() is None for p in services.processes.values()):
+            time.sleep(1)
+        console.print("[red]a server exited; stopping the other[/red]")
+    except KeyboardInterrupt:
+        console.print("stopping…")
+    finally:
+        services.stop()
+    console.print("both servers stopped")
+
+
+@app.command()
+def deploy(
+    prefect_file: Annotated[Path | None, typer.Option(help="Deployment file. Default: infra/prefect.yaml")] = None,
+) -> None:
+    """Register the deployments (nightly pipeline, rollback, GRPO) with the Prefect server at PREFECT_API_URL."""
+    from flows.services import PREFECT_FILE, ServiceError
+    from flows.services import deploy as register
+
+    try:
+        names = register(prefect_file or PREFECT_FILE)
+    except ServiceError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print("registered: " + ", ".join(names))
+    console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")
+
+
 if __name__ == "__main__":
     app()

@@ -8,15 +8,24 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.exceptions import TerminationSignal
 
 from tasks.config import PipelineConfig
 from tasks.evaluate import ModelSpec, champion_spec, evaluate_task
-from tasks.grpo import grpo_task
+from tasks.grpo import grpo_task, remote_grpo_task
 from tasks.models import resolve_model_task
 from tasks.probe import NoLearningSignal, pass_rate_filter, probe_task
 from tasks.promote import promote_task
+from tasks.reporting import publish_markdown
 from tasks.sft import sft_task
-from tasks.tracking import finish_pipeline, prepare_run_dir, start_pipeline
+from tasks.tracking import (
+    FINGERPRINT_TAG,
+    emit_pipeline_event,
+    finish_pipeline,
+    last_completed_run,
+    prepare_run_dir,
+    start_pipeline,
+)
 from tasks.validate import validate_task
 
 
@@ -35,8 +44,11 @@ def git_commit() -> str:
 
 
 @flow(name="grpoflow-pipeline", flow_run_name="{run_id}", validate_parameters=False)
-def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
-    """Run every stage in order and return the run summary (also logged to MLflow as summary.json)."""
+def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) -> dict[str, Any]:
+    """Run every stage in order and return the run summary (also logged to MLflow as summary.json).
+
+    ``skip_unchanged`` (scheduled runs): stop after validation when the config and the validated data are those
+    of the last completed run. A run stopped by the probe or rejected by promotion emits a Prefect event."""
     run_dir = config.output_dir / run_id
     prepare_run_dir(config, run_dir)
     tracker = start_pipeline(config, run_id, run_dir)
@@ -52,6 +64,15 @@ def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
     try:
         data = validate(config, tracker)
         summary["data"] = data.to_json()
+        tracker.client.set_tag(tracker.parent_run_id, FINGERPRINT_TAG, data.fingerprint)
+        previous = last_completed_run(tracker, config.config_hash(), data.fingerprint) if skip_unchanged else None
+        if previous:
+            summary["skipped"] = f"config and data unchanged since run {previous}: nothing to train"
+            tracker.client.set_tag(tracker.parent_run_id, "grpoflow.skipped", summary["skipped"])
+            publish_markdown("pipeline-skipped", f"### skipped\n{summary['skipped']}\n")
+            emit_pipeline_event("skipped-unchanged", run_id, {"previous_run": previous})
+            status = "FINISHED"
+            return summary
         base_dir = resolve_model_task(config.model.source, config.model.revision)
         probes: dict[str, Any] = {}
         if config.probe.enabled:
@@ -67,7 +88,10 @@ def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
         if config.probe.pass_rate_band and probes:
             keep_ids = pass_rate_filter(probes.get("sft") or probes["base"], config.probe.pass_rate_band)
         sft_adapter = sft.adapter_dir if sft else None
-        grpo = grpo_stage(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
+        if config.orchestration.grpo_deployment:  # on another worker: inputs and adapter go through MLflow
+            grpo = remote_grpo_task(config, tracker, data.train_path, sft_adapter, keep_ids)
+        else:
+            grpo = grpo_stage(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
         champion_version, champion = champion_spec(config, run_dir / "champion")
         models = [ModelSpec("base", base_dir)]
         models += [ModelSpec("sft", base_dir, sft_adapter)] if sft_adapter else []
@@ -85,9 +109,15 @@ def pipeline(config: PipelineConfig, run_id: str) -> dict[str, Any]:
         }
         promotion = promote_task(config, tracker, evaluation, grpo.adapter_dir, sft_adapter, champion_version, lineage)
         summary["promotion"] = promotion.to_json()
+        if not promotion.promoted:
+            emit_pipeline_event("promotion-rejected", run_id, promotion.to_json())
         status = "FINISHED"
     except NoLearningSignal as exc:
         summary["stopped"] = str(exc)
+        emit_pipeline_event("stopped-by-probe", run_id, {"message": str(exc)})
+        raise
+    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or a cancel from the Prefect UI (SIGTERM)
+        status = "KILLED"
         raise
     finally:
         summary["stage_seconds"] = stage_seconds(tracker)

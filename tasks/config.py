@@ -188,6 +188,12 @@ class OrchestrationSettings(_Strict):
     task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
     retry_delay_seconds: int = Field(10, ge=0)
     min_free_disk_mb: int = Field(1024, ge=0, description="Refuse to start with less free space under output_dir.")
+    grpo_deployment: str | None = Field(
+        None,
+        description="Run GRPO as this Prefect deployment (e.g. 'grpoflow-grpo/grpo-gpu' on a GPU work pool) "
+        "instead of in-process; needs a tracking server both workers reach (tracking.tracking_uri).",
+    )
+    grpo_deployment_timeout_s: float | None = Field(None, gt=0, description="Give up waiting after this long.")
 
 
 class TrackingSettings(_Strict):

@@ -17,7 +17,7 @@ from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.models import load_policy, load_tokenizer
-from tasks.tracking import Tracker
+from tasks.tracking import STAGE_TAG, Tracker, handoff_download, handoff_upload
 from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
 
 
@@ -184,3 +184,50 @@ def grpo_task(
         )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         return result
+
+
+@task(name="grpo-deployment")
+def remote_grpo_task(
+    config: PipelineConfig,
+    tracker: Tracker,
+    train_path: Path,
+    sft_adapter_dir: Path | None,
+    keep_ids: set[str] | None = None,
+) -> TrainResult:
+    """GRPO as its own Prefect deployment (``orchestration.grpo_deployment``, e.g. on a GPU work pool): the
+    training file and the SFT adapter go up to the MLflow artifact store, the deployment trains in its own
+    MLflow stage run under this pipeline's parent run, and the adapter comes back the same way."""
+    from prefect.deployments import run_deployment
+
+    handoff_upload(tracker, train_path, "grpo_inputs/train")
+    if sft_adapter_dir is not None:
+        handoff_upload(tracker, sft_adapter_dir, "grpo_inputs/sft_adapter")
+    name = config.orchestration.grpo_deployment
+    flow_run = run_deployment(
+        name,
+        parameters={
+            "config": config.model_dump(mode="json"),
+            "run_id": tracker.run_id,
+            "tracking_uri": tracker.tracking_uri,
+            "experiment_id": tracker.experiment_id,
+            "parent_run_id": tracker.parent_run_id,
+            "train_file": train_path.name,
+            "has_sft_adapter": sft_adapter_dir is not None,
+            "keep_ids": sorted(keep_ids) if keep_ids is not None else None,
+        },
+        flow_run_name=f"{tracker.run_id}-grpo",
+        timeout=config.orchestration.grpo_deployment_timeout_s,
+    )
+    state = flow_run.state
+    if state is None or not state.is_completed():
+        detail = f"{state.name}: {state.message}" if state else "no state (timed out waiting)"
+        raise RuntimeError(f"GRPO deployment {name!r} (flow run {flow_run.id}) did not complete: {detail}")
+    stage_dir = tracker.run_dir / "grpo"
+    adapter_dir = handoff_download(tracker.tracking_uri, tracker.parent_run_id, "grpo_output/adapter", stage_dir)
+    metrics = {}
+    for run in tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{tracker.parent_run_id}'"
+    ):
+        if run.data.tags.get(STAGE_TAG) == "grpo":
+            metrics = run.data.metrics
+    return TrainResult(adapter_dir, int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0)))

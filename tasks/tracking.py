@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 RUN_ID_TAG = "grpoflow.run_id"
 STAGE_TAG = "grpoflow.stage"
+FINGERPRINT_TAG = "grpoflow.data_fingerprint"
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 HISTORY_TAG = "grpoflow.champion_history"
@@ -191,7 +192,9 @@ def start_pipeline(config: Any, run_id: str, run_dir: Path) -> Tracker:
     try:
         experiment = client.get_experiment_by_name(config.tracking.experiment_name)
         if experiment is None:
-            artifacts = (config.output_dir.resolve() / "mlartifacts").as_uri()
+            # A local store keeps artifacts beside it; a tracking server chooses (and serves) its own location.
+            local = not config.resolved_tracking_uri().startswith(("http://", "https://", "databricks"))
+            artifacts = (config.output_dir.resolve() / "mlartifacts").as_uri() if local else None
             experiment_id = client.create_experiment(config.tracking.experiment_name, artifact_location=artifacts)
         else:
             experiment_id = experiment.experiment_id
@@ -223,6 +226,35 @@ def close_interrupted_runs(client: Any, experiment_id: str, run_id: str) -> list
             client.set_tag(run.info.run_id, "grpoflow.interrupted", "true")
             client.set_terminated(run.info.run_id, "FAILED")
     return [run.info.run_id for run in runs if "mlflow.parentRunId" not in run.data.tags]
+
+
+def last_completed_run(tracker: Tracker, config_hash: str, data_fingerprint: str) -> str | None:
+    """The pipeline run id of the latest FINISHED, trained run with this config hash and data fingerprint."""
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id],
+        f"tags.`grpoflow.config_hash` = '{config_hash}' and tags.`{FINGERPRINT_TAG}` = '{data_fingerprint}' "
+        "and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+    )
+    for run in runs:
+        if run.info.run_id != tracker.parent_run_id and "grpoflow.skipped" not in run.data.tags:
+            return run.data.tags.get(RUN_ID_TAG)
+    return None
+
+
+def emit_pipeline_event(event: str, run_id: str, payload: dict[str, Any]) -> None:
+    """A Prefect event about a pipeline run (``grpoflow.run.<event>``) for automations to notify on; a failure
+    to emit is logged, never raised."""
+    try:
+        from prefect.events import emit_event
+
+        emit_event(
+            event=f"grpoflow.run.{event}",
+            resource={"prefect.resource.id": f"grpoflow.run.{run_id}", "prefect.resource.name": run_id},
+            payload=payload,
+        )
+    except Exception as exc:
+        logger.warning("could not emit Prefect event grpoflow.run.%s: %s", event, exc)
 
 
 def finish_pipeline(tracker: Tracker, status: str, summary: dict[str, Any] | None = None) -> None:
@@ -358,3 +390,26 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
         artifact_uri=model_version.source, dst_path=str(destination), tracking_uri=tracking_uri
     )
     return base, Path(local), model_version
+
+
+HANDOFF = "handoff"
+
+
+def handoff_upload(tracker: Tracker, local: Path, name: str) -> None:
+    """Put a file or folder where a stage on another worker can fetch it: the parent run's
+    ``handoff/<name>`` artifacts (the MLflow artifact store, e.g. MinIO/S3; never a shared local path)."""
+    if local.is_dir():
+        tracker.client.log_artifacts(tracker.parent_run_id, str(local), f"{HANDOFF}/{name}")
+    else:
+        tracker.client.log_artifact(tracker.parent_run_id, str(local), f"{HANDOFF}/{name}")
+
+
+def handoff_download(tracking_uri: str, parent_run_id: str, name: str, destination: Path) -> Path:
+    """Fetch what ``handoff_upload`` stored under ``name`` into ``destination``; returns the local path."""
+    import mlflow.artifacts
+
+    destination.mkdir(parents=True, exist_ok=True)
+    local = mlflow.artifacts.download_artifacts(
+        run_id=parent_run_id, artifact_path=f"{HANDOFF}/{name}", dst_path=str(destination), tracking_uri=tracking_uri
+    )
+    return Path(local)

@@ -1,0 +1,48 @@
+"""The GRPO stage as its own flow, for a deployment on another work pool (a GPU worker): it shares no local
+path with the pipeline; inputs and the adapter travel through the MLflow artifact store."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from tasks.config import PipelineConfig
+from tasks.grpo import grpo_task
+from tasks.models import resolve_model_task
+from tasks.tracking import Tracker, handoff_download, handoff_upload
+
+
+@flow(name="grpoflow-grpo", flow_run_name="{run_id}-grpo", validate_parameters=False)
+def grpo_remote_flow(
+    config: dict[str, Any],
+    run_id: str,
+    tracking_uri: str,
+    experiment_id: str,
+    parent_run_id: str,
+    train_file: str = "train.jsonl",
+    has_sft_adapter: bool = True,
+    keep_ids: list[str] | None = None,
+) -> dict[str, Any]:
+    """Fetch the training file and SFT adapter, run the GRPO stage under the pipeline's MLflow parent run, and
+    hand the adapter back. Called by the pipeline through ``run_deployment``."""
+    settings = PipelineConfig.model_validate(config)
+    workdir = Path(tempfile.mkdtemp(prefix=f"grpoflow-{run_id}-grpo-"))
+    try:
+        inputs = workdir / "inputs"
+        train_path = handoff_download(tracking_uri, parent_run_id, f"grpo_inputs/train/{train_file}", inputs)
+        sft_adapter = (
+            handoff_download(tracking_uri, parent_run_id, "grpo_inputs/sft_adapter", inputs)
+            if has_sft_adapter
+            else None
+        )
+        base_dir = resolve_model_task(settings.model.source, settings.model.revision)
+        tracker = Tracker(tracking_uri, experiment_id, parent_run_id, run_id, workdir / "run")
+        result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, set(keep_ids) if keep_ids else None)
+        handoff_upload(tracker, result.adapter_dir, "grpo_output/adapter")
+        return {"steps": result.steps, "seconds": result.seconds, "worker_dir": str(workdir)}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,213 @@
+"""Local Prefect and MLflow servers (``grpoflow up``) and deployment registration (``grpoflow deploy``).
+
+Both servers bind 127.0.0.1 and keep their data under one folder (default: the config's output dir /
+``services``), so a laptop gets the same UIs a team gets from the compose stack in ``infra/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PREFECT_FILE = PROJECT_ROOT / "infra" / "prefect.yaml"
+CPU_POOL = "grpoflow-cpu"
+TELEMETRY_OFF = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+}
+
+
+class ServiceError(RuntimeError):
+    """A server did not come up (the message names which, its URL and the tail of its log)."""
+
+
+@dataclass
+class Services:
+    """The servers ``start_services`` launched; ``stop`` ends them all."""
+
+    prefect_url: str
+    mlflow_url: str
+    home: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def prefect_api_url(self) -> str:
+        return f"{self.prefect_url}/api"
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients and workers of these servers."""
+        return {
+            **TELEMETRY_OFF,
+            "PREFECT_API_URL": self.prefect_api_url,
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "GRPOFLOW_HOME": str(PROJECT_ROOT),
+        }
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGINT each server (what Ctrl-C sends), then SIGKILL what is still running after ``timeout``."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                _signal_group(process, signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        for name, process in self.processes.items():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop on SIGINT; killing it", name)
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_healthy(name: str, url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+    raise ServiceError(f"{name} did not become healthy at {url} within {timeout:.0f} s; log {log}:\n{tail}")
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (the venv's prefect / mlflow), not whatever PATH finds first."""
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+def start_services(
+    home: Path, prefect_port: int = 4200, mlflow_port: int = 5000, startup_timeout: float = 120.0
+) -> Services:
+    """Start a Prefect server and an MLflow server (SQLite store, served artifacts) on 127.0.0.1.
+
+    Data: ``home/prefect`` (Prefect's database), ``home/mlflow`` (runs, registry, artifacts); logs beside them.
+    Raises ServiceError naming the server that failed; anything already started is stopped first.
+    """
+    home = home.resolve()
+    (home / "prefect").mkdir(parents=True, exist_ok=True)
+    (home / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+    services = Services(f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}", home)
+    base_env = {**os.environ, **TELEMETRY_OFF}
+    commands = {
+        "prefect": (
+            [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+            {**base_env, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_API_URL": services.prefect_api_url},
+            f"{services.prefect_url}/api/health",
+        ),
+        "mlflow": (
+            [
+                _bin("mlflow"),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(mlflow_port),
+                "--backend-store-uri",
+                f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(home / "mlflow" / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            base_env,
+            f"{services.mlflow_url}/health",
+        ),
+    }
+    try:
+        for name, (command, env, _) in commands.items():
+            log = home / f"{name}.log"
+            with log.open("ab") as handle:
+                services.processes[name] = subprocess.Popen(
+                    command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+                )
+        for name, (_, _, health) in commands.items():
+            _wait_healthy(name, health, services.processes[name], home / f"{name}.log", startup_timeout)
+    except BaseException:
+        services.stop()
+        raise
+    return services
+
+
+def ensure_work_pool(name: str = CPU_POOL, pool_type: str = "process", env: dict[str, str] | None = None) -> None:
+    """Create the work pool if the Prefect server at ``PREFECT_API_URL`` does not have it."""
+    result = subprocess.run(
+        [_bin("prefect"), "work-pool", "inspect", name], env={**os.environ, **(env or {})}, capture_output=True
+    )
+    if result.returncode == 0:
+        return
+    created = subprocess.run(
+        [_bin("prefect"), "work-pool", "create", name, "--type", pool_type],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+    )
+    if created.returncode != 0:
+        raise ServiceError(f"cannot create work pool {name!r}: {created.stdout[-500:]} {created.stderr[-500:]}")
+
+
+def deploy(prefect_file: Path = PREFECT_FILE, env: dict[str, str] | None = None) -> list[str]:
+    """Register every deployment of ``prefect_file`` (the pipeline on its schedule, rollback, GRPO) with the
+    Prefect server at ``PREFECT_API_URL``, creating the CPU work pool first; returns their names."""
+    environment = {**os.environ, **TELEMETRY_OFF, "GRPOFLOW_HOME": str(PROJECT_ROOT), **(env or {})}
+    if not environment.get("PREFECT_API_URL"):
+        raise ServiceError("no Prefect server to deploy to: start one with `grpoflow up` and set PREFECT_API_URL")
+    ensure_work_pool(CPU_POOL, env=environment)
+    result = subprocess.run(
+        [_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
+        cwd=PROJECT_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise ServiceError(f"prefect deploy failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return deployment_names(environment["PREFECT_API_URL"])
+
+
+def _post_json(url: str, body: dict) -> object:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def deployment_names(api_url: str) -> list[str]:
+    """``flow/deployment`` names registered on the Prefect server at ``api_url``."""
+    flows = {f["id"]: f["name"] for f in _post_json(f"{api_url}/flows/filter", {})}
+    return sorted(
+        f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in _post_json(f"{api_url}/deployments/filter", {})
+    )

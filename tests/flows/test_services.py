@@ -1,0 +1,138 @@
+"""The deployable stack for real: Prefect and MLflow servers on 127.0.0.1, deployments on a process work pool, a
+worker, flow runs triggered through the API, and the results read back through both servers' REST APIs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flows.services import CPU_POOL, PROJECT_ROOT, Services, _bin, deploy, free_port, start_services
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _post(url: str, body: dict) -> dict | list:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _flow_runs(services: Services) -> list[dict]:
+    return _post(f"{services.prefect_api_url}/flow_runs/filter", {"limit": 50})
+
+
+def _trigger(services: Services, env: dict[str, str], deployment: str, parameters: dict) -> str:
+    """Start a flow run of ``deployment`` through the Prefect API; returns its id."""
+    deployment_id = _get(f"{services.prefect_api_url}/deployments/name/{deployment}")["id"]
+    created = _post(
+        f"{services.prefect_api_url}/deployments/{deployment_id}/create_flow_run", {"parameters": parameters}
+    )
+    return created["id"]
+
+
+def _wait_for(services: Services, flow_run_id: str, timeout: float, states: tuple[str, ...]) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _get(f"{services.prefect_api_url}/flow_runs/{flow_run_id}")
+        if run["state_type"] in states:
+            return run
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} not in {states} after {timeout} s: {run['state_type']}")
+
+
+@pytest.fixture
+def stack(tmp_path: Path):
+    """Servers, deployments and one process worker, all stopped at the end."""
+    services = start_services(tmp_path / "services", free_port(), free_port())
+    env = {
+        **os.environ,
+        **services.env(),
+        "PREFECT_HOME": str(tmp_path / "prefect-client"),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
+    worker = None
+    try:
+        names = deploy(env=env)
+        worker_log = (tmp_path / "worker.log").open("wb")
+        worker = subprocess.Popen(
+            [_bin("prefect"), "worker", "start", "--pool", CPU_POOL, "--type", "process"],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        yield services, env, names, tmp_path
+    finally:
+        if worker is not None:
+            os.killpg(worker.pid, 2)
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, 9)
+        services.stop()
+
+
+def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> None:
+    services, env, names, tmp_path = stack
+    assert {"grpoflow-scheduled/nightly", "grpoflow-rollback/rollback", "grpoflow-grpo/grpo-gpu"} <= set(names)
+    schedules = _get(f"{services.prefect_api_url}/deployments/name/grpoflow-scheduled/nightly")["schedules"]
+    assert schedules[0]["schedule"]["cron"] == "0 2 * * *"
+    overrides = {
+        "output_dir": str(tmp_path / "outputs"),
+        "tracking.tracking_uri": services.mlflow_url,
+        # GRPO as its own deployment: the stage's inputs and adapter must travel through MLflow's artifact store.
+        "orchestration.grpo_deployment": "grpoflow-grpo/grpo-gpu",
+    }
+    parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides}
+    first = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
+    finished = _wait_for(services, first, 900, ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"))
+    assert finished["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+
+    # The registered version, found through the MLflow REST API.
+    query = urllib.parse.urlencode({"filter": "name='grpoflow-tiny'"})
+    versions = _get(f"{services.mlflow_url}/api/2.0/mlflow/model-versions/search?{query}")["model_versions"]
+    assert [v["version"] for v in versions] == ["1"]
+    tags = {t["key"]: t["value"] for t in versions[0]["tags"]}
+    assert tags["base_model"] == "tiny-random" and tags["data_fingerprint"]
+    model = _get(f"{services.mlflow_url}/api/2.0/mlflow/registered-models/get?name=grpoflow-tiny")
+    aliases = {a["alias"]: a["version"] for a in model["registered_model"]["aliases"]}
+    assert "1" in aliases.values() and "grpoflow.promotion_decision" in tags  # champion, or challenger with reason
+
+    # GRPO ran as its own flow run (the stand-in for a GPU worker), a child of the scheduled run.
+    runs = {r["name"]: r for r in _flow_runs(services)}
+    grpo_runs = [r for name, r in runs.items() if name.endswith("-grpo")]
+    assert len(grpo_runs) == 1 and grpo_runs[0]["state_type"] == "COMPLETED"
+
+    # The same config and data again: the scheduled run skips training and says so.
+    second = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
+    assert _wait_for(services, second, 300, ("COMPLETED", "FAILED", "CRASHED"))["state_type"] == "COMPLETED"
+    versions = _get(f"{services.mlflow_url}/api/2.0/mlflow/model-versions/search?{query}")["model_versions"]
+    assert len(versions) == 1
+    skipped = _post(
+        f"{services.mlflow_url}/api/2.0/mlflow/runs/search",
+        {"experiment_ids": ["1"], "filter": "tags.`grpoflow.skipped` != ''"},
+    )
+    assert len(skipped["runs"]) == 1
+    # Prefect events an automation can notify on (the server ingests them asynchronously).
+    seen: set[str] = set()
+    for _ in range(30):
+        found = _post(f"{services.prefect_api_url}/events/filter", {"filter": {"event": {"prefix": ["grpoflow.run."]}}})
+        seen = {e["event"] for e in found["events"]}
+        if "grpoflow.run.skipped-unchanged" in seen:
+            break
+        time.sleep(1)
+    assert "grpoflow.run.skipped-unchanged" in seen, seen
