@@ -136,3 +136,27 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> No
             break
         time.sleep(1)
     assert "grpoflow.run.skipped-unchanged" in seen, seen
+
+
+def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
+    services, env, _, tmp_path = stack
+    overrides = {
+        "output_dir": str(tmp_path / "outputs"),
+        "tracking.tracking_uri": services.mlflow_url,
+        "grpo.max_steps": 2000,  # long enough to be cancelled mid-training
+        "sft.max_steps": 2000,
+    }
+    parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides, "skip_unchanged": False}
+    flow_run_id = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
+    _wait_for(services, flow_run_id, 300, ("RUNNING",))
+    search = {"experiment_ids": ["1"], "filter": "attributes.status = 'RUNNING'"}
+    for _ in range(120):  # until the SFT stage's MLflow run is open
+        if len(_post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", search).get("runs", [])) >= 2:
+            break
+        time.sleep(1)
+    _post(f"{services.prefect_api_url}/flow_runs/{flow_run_id}/set_state", {"state": {"type": "CANCELLING"}})
+    assert _wait_for(services, flow_run_id, 120, ("CANCELLED", "FAILED", "CRASHED"))["state_type"] == "CANCELLED"
+    runs = _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", {"experiment_ids": ["1"]})["runs"]
+    assert runs and not [r["info"]["run_name"] for r in runs if r["info"]["status"] == "RUNNING"]
+    parent = [r for r in runs if not any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
+    assert [r["info"]["status"] for r in parent] == ["KILLED"]
