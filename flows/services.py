@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = PROJECT_ROOT / "infra" / "prefect.yaml"
 CPU_POOL = "grpoflow-cpu"
+GPU_POOL = "grpoflow-gpu"
 TELEMETRY_OFF = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -184,7 +185,8 @@ def deploy(prefect_file: Path = PREFECT_FILE, env: dict[str, str] | None = None)
     environment = {**os.environ, **TELEMETRY_OFF, "GRPOFLOW_HOME": str(PROJECT_ROOT), **(env or {})}
     if not environment.get("PREFECT_API_URL"):
         raise ServiceError("no Prefect server to deploy to: start one with `grpoflow up` and set PREFECT_API_URL")
-    ensure_work_pool(CPU_POOL, env=environment)
+    for pool in (CPU_POOL, GPU_POOL):  # an existing pool (e.g. a Kubernetes GPU pool) is left as it is
+        ensure_work_pool(pool, env=environment)
     result = subprocess.run(
         [_bin("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
         cwd=PROJECT_ROOT,

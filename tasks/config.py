@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,9 +60,12 @@ class ArithmeticSettings(_Strict):
 class DataSettings(_Strict):
     source: str = Field(
         "builtin:arithmetic",
-        description="builtin:arithmetic, a .jsonl/.csv/.parquet file, a saved `datasets` folder, or hub:ID.",
+        description="builtin:arithmetic, a .jsonl/.csv/.parquet file, a saved `datasets` folder, or hub:ID[@CONFIG].",
     )
     split: str = "train"
+    columns: dict[str, str] = Field(
+        {}, description="Rename source columns to grpoflow's, e.g. {prompt: question, ground_truth: answer} (GSM8K)."
+    )
     kind: TaskKind = "math"
     labels: list[str] | None = Field(
         None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
@@ -111,8 +115,23 @@ class SFTSettings(_Strict):
     checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
 
 
+class GenerationSettings(_Strict):
+    """How GRPO samples its completions: vLLM on GPU workers, transformers elsewhere."""
+
+    backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="auto: vLLM when CUDA and the vllm package (pip install grpoflow[gpu]) are present."
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve`."
+    )
+    vllm_server_base_url: str | None = Field(None, description="Server mode: e.g. http://vllm-host:8000.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Colocate: vLLM's share of GPU memory.")
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+
+
 class GRPOSettings(_Strict):
     enabled: bool = True
+    generation: GenerationSettings = GenerationSettings()
     max_steps: int = Field(30, ge=1)
     learning_rate: float = Field(2e-5, gt=0)
     batch_size: int = Field(16, ge=1, description="Completions per step (TRL per_device_train_batch_size).")
@@ -130,6 +149,14 @@ class GRPOSettings(_Strict):
     max_none_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
     )
+
+    @model_validator(mode="after")
+    def _server_mode_needs_a_url(self) -> GRPOSettings:
+        generation = self.generation
+        server = generation.backend != "transformers" and generation.vllm_mode == "server"
+        if server and not generation.vllm_server_base_url:
+            raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
+        return self
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> GRPOSettings:
@@ -239,9 +266,12 @@ class PipelineConfig(_Strict):
         return self
 
     def resolved_tracking_uri(self) -> str:
-        """The MLflow tracking URI: the configured one, else a SQLite file under ``output_dir``."""
+        """The MLflow tracking URI: the configured one, else ``MLFLOW_TRACKING_URI`` (set on the stack's workers),
+        else a SQLite file under ``output_dir``."""
         if self.tracking.tracking_uri:
             return self.tracking.tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
         return f"sqlite:///{(self.output_dir.resolve() / 'mlflow.db').as_posix()}"
 
     def config_hash(self) -> str:

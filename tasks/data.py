@@ -85,7 +85,16 @@ def _records_from_frame(frame: Any) -> list[dict[str, Any]]:
 
 
 def load_rows(settings: DataSettings, seed: int) -> list[Any]:
-    """Every raw row of the configured source, unvalidated (validation decides what is usable)."""
+    """Every raw row of the configured source, unvalidated (validation decides what is usable), with
+    ``data.columns`` renames applied."""
+    rows = _load_source(settings, seed)
+    if not settings.columns:
+        return rows
+    renames = {source: ours for ours, source in settings.columns.items()}
+    return [{renames.get(k, k): v for k, v in row.items()} if isinstance(row, dict) else row for row in rows]
+
+
+def _load_source(settings: DataSettings, seed: int) -> list[Any]:
     source = settings.source
     if source == BUILTIN_ARITHMETIC:
         return arithmetic_rows(settings.arithmetic, seed)
@@ -94,9 +103,9 @@ def load_rows(settings: DataSettings, seed: int) -> list[Any]:
     if source.startswith(HUB_PREFIX):
         import datasets
 
-        name = source[len(HUB_PREFIX) :]
+        name, _, subset = source[len(HUB_PREFIX) :].partition("@")  # hub:openai/gsm8k@main → config "main"
         try:
-            return list(datasets.load_dataset(name, split=settings.split))
+            return list(datasets.load_dataset(name, subset or None, split=settings.split))
         except Exception as exc:
             raise DataSourceError(f"cannot load Hub dataset {name!r}: {type(exc).__name__}: {exc}") from exc
     path = Path(source).expanduser()

@@ -4,21 +4,25 @@ reward functions (weights reach TRL's ``reward_weights``)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from prefect import task
 from transformers import TrainerCallback
 
 from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
 from tasks.caching import stage_cache_key
-from tasks.config import PipelineConfig
+from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.models import load_policy, load_tokenizer
 from tasks.tracking import STAGE_TAG, Tracker, handoff_download, handoff_upload
 from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 class RewardNoneLimitExceeded(RuntimeError):
@@ -92,6 +96,47 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
+def resolve_backend(backend: str, cuda: bool | None = None, vllm_installed: bool | None = None) -> str:
+    """The generation backend GRPO will use: ``auto`` means vLLM when CUDA and vllm are both present.
+
+    >>> resolve_backend("auto", cuda=True, vllm_installed=True)
+    'vllm'
+    >>> resolve_backend("auto", cuda=False, vllm_installed=True)
+    'transformers'
+    """
+    import importlib.util
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    vllm_installed = importlib.util.find_spec("vllm") is not None if vllm_installed is None else vllm_installed
+    if backend == "vllm" and not (cuda and vllm_installed):
+        missing = "CUDA" if not cuda else "the vllm package (pip install 'grpoflow[gpu]')"
+        raise RuntimeError(f"grpo.generation.backend is 'vllm' but this worker has no {missing}")
+    if backend == "auto":
+        return "vllm" if cuda and vllm_installed else "transformers"
+    return backend
+
+
+def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any]:
+    """TRL GRPOConfig arguments for the backend (``use_vllm`` and its mode, server URL, memory share).
+
+    >>> generation_args(GenerationSettings(), "vllm")["vllm_mode"]
+    'colocate'
+    >>> generation_args(GenerationSettings(), "transformers")
+    {'use_vllm': False}
+    """
+    if backend != "vllm":
+        return {"use_vllm": False}
+    args: dict[str, Any] = {
+        "use_vllm": True,
+        "vllm_mode": settings.vllm_mode,
+        "vllm_gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
+        "vllm_tensor_parallel_size": settings.vllm_tensor_parallel_size,
+    }
+    if settings.vllm_mode == "server":
+        args["vllm_server_base_url"] = settings.vllm_server_base_url
+    return args
+
+
 def run_grpo(
     config: PipelineConfig,
     train_path: Path,
@@ -116,7 +161,10 @@ def run_grpo(
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
+    backend = resolve_backend(settings.generation.backend)
+    logger.info("GRPO generation backend: %s (configured: %s)", backend, settings.generation.backend)
     args = GRPOConfig(
+        **generation_args(settings.generation, backend),
         **common_trainer_args(config, stage_dir / "checkpoints", config.grpo.checkpoint_steps),
         max_steps=settings.max_steps,
         learning_rate=settings.learning_rate,
@@ -170,6 +218,7 @@ def grpo_task(
     """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step."""
     with tracker.stage("grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
+        stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend)})
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
         result = run_grpo(

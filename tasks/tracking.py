@@ -154,6 +154,24 @@ class Tracker:
         runs = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_run_id}'")
         return {f"{run.data.tags[STAGE_TAG]}_run_id": run.info.run_id for run in runs if STAGE_TAG in run.data.tags}
 
+    def run_url(self, mlflow_run_id: str) -> str | None:
+        """The MLflow UI address of a run, when tracking goes through a server."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return None
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+
+    def link_in_prefect(self, name: str, mlflow_run_id: str) -> None:
+        """A Prefect link artifact to the stage's MLflow run, so the Prefect UI leads to the details."""
+        url = self.run_url(mlflow_run_id)
+        if url is None:
+            return
+        try:
+            from prefect.artifacts import create_link_artifact
+
+            create_link_artifact(link=url, link_text=f"MLflow run: {name}", key=f"mlflow-{name}".replace("_", "-"))
+        except Exception as exc:
+            logger.warning("could not publish the MLflow link of stage %s: %s", name, exc)
+
     @contextmanager
     def stage(self, name: str) -> Iterator[StageRun]:
         """A nested MLflow run for one stage; closed FINISHED or FAILED, with wall time and peak memory."""
@@ -170,6 +188,7 @@ class Tracker:
         try:
             yield stage
             status = "FINISHED"
+            self.link_in_prefect(name, stage.run_id)
         except OSError as exc:
             import errno
 

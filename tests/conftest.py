@@ -23,6 +23,8 @@ os.environ.update(
     }
 )
 os.environ.setdefault("GRPOFLOW_CACHE", str(_SESSION_DIR / "cache"))
+for _outside in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):  # tests start their own servers or stores
+    os.environ.pop(_outside, None)
 
 import pytest  # noqa: E402
 

@@ -88,14 +88,19 @@ def stack(tmp_path: Path):
 
 def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> None:
     services, env, names, tmp_path = stack
-    assert {"grpoflow-scheduled/nightly", "grpoflow-rollback/rollback", "grpoflow-grpo/grpo-gpu"} <= set(names)
+    assert {
+        "grpoflow-scheduled/nightly",
+        "grpoflow-rollback/rollback",
+        "grpoflow-grpo/grpo",
+        "grpoflow-grpo/grpo-gpu",
+    } <= set(names)
     schedules = _get(f"{services.prefect_api_url}/deployments/name/grpoflow-scheduled/nightly")["schedules"]
     assert schedules[0]["schedule"]["cron"] == "0 2 * * *"
     overrides = {
         "output_dir": str(tmp_path / "outputs"),
         "tracking.tracking_uri": services.mlflow_url,
         # GRPO as its own deployment: the stage's inputs and adapter must travel through MLflow's artifact store.
-        "orchestration.grpo_deployment": "grpoflow-grpo/grpo-gpu",
+        "orchestration.grpo_deployment": "grpoflow-grpo/grpo",
     }
     parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides}
     first = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
@@ -116,6 +121,11 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> No
     runs = {r["name"]: r for r in _flow_runs(services)}
     grpo_runs = [r for name, r in runs.items() if name.endswith("-grpo")]
     assert len(grpo_runs) == 1 and grpo_runs[0]["state_type"] == "COMPLETED"
+    # The Prefect UI links each stage to its MLflow run.
+    artifacts = _post(f"{services.prefect_api_url}/artifacts/filter", {"limit": 200})
+    links = {a["key"]: a["data"] for a in artifacts if (a["key"] or "").startswith("mlflow-")}
+    assert {"mlflow-validate", "mlflow-grpo", "mlflow-promote"} <= set(links)
+    assert all(f"]({services.mlflow_url}/#/experiments/" in text for text in links.values())
 
     # The same config and data again: the scheduled run skips training and says so.
     second = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)

@@ -64,3 +64,15 @@ def test_render_prompt_uses_the_chat_template(tiny_model_dir: Path) -> None:
     rendered = render_prompt(tokenizer, [{"role": "user", "content": "hi"}])
     assert rendered == "<|user|>hi</s>\n<|assistant|>"
     assert render_prompt(tokenizer, "hi") == rendered  # a plain string becomes a user message
+
+
+def test_columns_are_renamed_to_grpoflows(tmp_path) -> None:
+    import json
+
+    from tasks.config import DataSettings
+    from tasks.data import load_rows
+
+    path = tmp_path / "gsm8k-like.jsonl"
+    path.write_text(json.dumps({"question": "1+1?", "answer": "so #### 2"}) + "\n")
+    rows = load_rows(DataSettings(source=str(path), columns={"prompt": "question", "ground_truth": "answer"}), 0)
+    assert rows == [{"prompt": "1+1?", "ground_truth": "so #### 2"}]

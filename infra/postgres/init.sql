@@ -1,0 +1,2 @@
+-- Prefect uses the default database; MLflow gets its own.
+CREATE DATABASE mlflow;

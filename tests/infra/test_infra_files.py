@@ -1,0 +1,79 @@
+"""The deployment material that cannot run on this machine (no Docker engine, no GPU, no cluster) is still
+checked: it parses, names what the stack needs, keeps telemetry off and authentication on, and points at code
+that exists."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+
+
+def test_compose_stack_has_every_service_with_auth_and_telemetry_off() -> None:
+    compose = yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "minio", "prefect-server", "mlflow", "cpu-worker", "gpu-worker"} <= set(services)
+    assert "PREFECT_SERVER_API_AUTH_STRING" in services["prefect-server"]["environment"]
+    assert "--app-name basic-auth" in services["mlflow"]["command"]
+    assert "postgresql://" in services["mlflow"]["command"] and "s3://" in services["mlflow"]["command"]
+    for name in ("prefect-server", "mlflow", "cpu-worker", "gpu-worker"):
+        env = services[name]["environment"]
+        assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["MLFLOW_DISABLE_TELEMETRY"] == "true", name
+    for worker in ("cpu-worker", "gpu-worker"):
+        env = services[worker]["environment"]
+        assert env["PREFECT_API_AUTH_STRING"] and env["MLFLOW_TRACKING_PASSWORD"], worker
+    gpu = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"]
+    for service in services.values():
+        dockerfile = service.get("build", {}).get("dockerfile")
+        if dockerfile:
+            assert ((INFRA / service["build"]["context"]) / dockerfile).resolve().is_file(), dockerfile
+
+
+def test_gpu_worker_image_installs_the_gpu_extra() -> None:
+    text = (INFRA / "docker" / "worker-gpu.Dockerfile").read_text()
+    assert "nvidia/cuda" in text and '".[gpu]"' in text and "bubblewrap" in text
+
+
+def test_kubernetes_job_template_requests_gpus() -> None:
+    template = json.loads((INFRA / "k8s" / "gpu-job-template.json").read_text())
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
+    assert template["variables"]["properties"]["gpus"]["default"] >= 1
+
+
+@pytest.mark.parametrize("name", ["ddp", "zero2", "zero3"])
+def test_accelerate_configs_parse(name: str) -> None:
+    config = yaml.safe_load((INFRA / "accelerate" / f"{name}.yaml").read_text())
+    assert config["distributed_type"] in ("MULTI_GPU", "DEEPSPEED") and config["mixed_precision"] == "bf16"
+
+
+def test_prefect_yaml_entrypoints_exist_and_pools_are_named() -> None:
+    spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        path, _, function = deployment["entrypoint"].partition(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        assert callable(getattr(module, function)), deployment["name"]
+        assert deployment["work_pool"]["name"] in ("grpoflow-cpu", "grpoflow-gpu")
+
+
+@pytest.mark.parametrize("name", ["demo", "tiny", "humaneval", "gsm8k-qwen2.5-0.5b", "gsm8k-qwen2.5-1.5b-multigpu"])
+def test_shipped_configs_validate(name: str) -> None:
+    config = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert config.name
+
+
+def test_scale_configs_use_vllm_and_a_gpu_deployment() -> None:
+    single = load_config(ROOT / "configs" / "gsm8k-qwen2.5-0.5b.yaml")
+    assert single.grpo.generation.backend == "vllm" and single.grpo.generation.vllm_mode == "colocate"
+    assert single.orchestration.grpo_deployment == "grpoflow-grpo/grpo-gpu"
+    multi = load_config(ROOT / "configs" / "gsm8k-qwen2.5-1.5b-multigpu.yaml")
+    assert multi.grpo.generation.vllm_mode == "server" and multi.grpo.generation.vllm_server_base_url
