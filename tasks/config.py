@@ -138,6 +138,9 @@ class GRPOSettings(_Strict):
     num_generations: int = Field(8, ge=2, description="Group size G.")
     max_completion_length: int = Field(24, ge=1)
     temperature: float = Field(1.0, gt=0)
+    steps_per_generation: int = Field(
+        1, ge=1, description="Sample completions for this many optimizer steps at once (TRL): bigger, faster batches."
+    )
     beta: float = Field(0.0, ge=0)
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"

@@ -111,6 +111,61 @@ def generate_completions(
     return results
 
 
+def sample_groups(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    generation_config: Any,
+    pad_id: int,
+    eos_ids: Sequence[int],
+    precision: str = "fp32",
+) -> list[list[int]]:
+    """Completion token ids for TRL's generation batch, in which each prompt appears once per sample, in a row:
+    each run of equal prompts is prefilled once (``_shared_prefill``) and its samples decoded together. Every
+    completion ends at its first EOS (kept), as TRL expects; the order is the input's."""
+    groups: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        if groups and groups[-1][0] == list(ids):
+            groups[-1] = (groups[-1][0], groups[-1][1] + 1)
+        else:
+            groups.append((list(ids), 1))
+    device = next(model.parameters()).device
+    eos = set(eos_ids)
+    results: dict[int, list[list[int]]] = {}
+    with torch.inference_mode(), compute_autocast(precision):
+        for samples in sorted({count for _, count in groups}):  # one batch per group size (usually one size)
+            indices = [i for i, (_, count) in enumerate(groups) if count == samples]
+            width = max(len(groups[i][0]) for i in indices)
+            input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
+            attention = torch.zeros((len(indices), width), dtype=torch.long)
+            for row, i in enumerate(indices):
+                ids = groups[i][0]
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention[row, width - len(ids) :] = 1
+            input_ids, attention = input_ids.to(device), attention.to(device)
+            cache = _shared_prefill(model, input_ids, attention, samples)
+            output = model.generate(
+                input_ids=input_ids.repeat_interleave(samples, dim=0),
+                attention_mask=attention.repeat_interleave(samples, dim=0),
+                cache=cache,
+                generation_config=generation_config,
+                pad_token_id=pad_id,
+                use_cache=True,
+            )
+            rows = output[:, width:].tolist()
+            for k, i in enumerate(indices):
+                results[i] = [_until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
+    return [tokens for i in range(len(groups)) for tokens in results[i]]
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS.
+
+    >>> _until_eos([5, 6, 2, 2, 2], {2})
+    [5, 6, 2]
+    """
+    return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
+
+
 def _shared_prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int) -> DynamicCache:
     """Run every prompt but its last token once, and copy the cache to each of its ``samples`` rows.
 

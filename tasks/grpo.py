@@ -13,12 +13,16 @@ from typing import Any
 import torch
 from prefect import task
 from transformers import TrainerCallback
+from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
 from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
-from tasks.models import load_policy, load_tokenizer
+from tasks.generation import sample_groups
+from tasks.models import load_policy, load_tokenizer, refresh_merged_copy, resolve_dtype
 from tasks.tracking import STAGE_TAG, Tracker, handoff_download, handoff_upload
 from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
 
@@ -96,6 +100,70 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
+class SharedPrefillGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer whose transformers generation prefills each prompt once for its whole group.
+
+    TRL puts each prompt ``num_generations`` times in the generation batch and ``generate`` encodes every copy,
+    through the PEFT wrappers, in fp32. Here the copies share one prefill (its KV cache is copied), and sampling
+    runs on a plain copy of the policy with the LoRA deltas folded in, in the compute precision (bf16 weights
+    where ``auto``/``bf16`` picks bf16), refreshed once per optimizer step. vLLM, multimodal, tool-calling and
+    multi-process runs keep TRL's own path.
+    """
+
+    def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generation_precision = precision
+        self._generation_model: Any = None
+        self._generation_model_step = -1
+
+    def _get_per_token_logps_and_entropies(  # noqa: ANN202
+        self,
+        model,  # noqa: ANN001
+        input_ids,  # noqa: ANN001
+        attention_mask,  # noqa: ANN001
+        logits_to_keep,  # noqa: ANN001
+        batch_size=None,  # noqa: ANN001
+        compute_entropy=False,  # noqa: ANN001
+        compute_aux_loss=False,  # noqa: ANN001
+        **multimodal,  # noqa: ANN003
+    ):
+        """Plain logits → log-softmax for text models on CPU: TRL's fused, tiled LM-head kernel has no CPU kernel
+        and its pure-torch fallback is slower here than materializing the (small) completion logits."""
+        if compute_aux_loss or input_ids.is_cuda or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        with self.accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
+        logits = logits[:, :-1].float() / self.temperature
+        logps = selective_log_softmax(logits, input_ids[:, -logits_to_keep:])
+        return logps, entropy_from_logits(logits) if compute_entropy else None, None
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001, ANN202
+        if self.use_vllm or images is not None or multimodal_fields or self.accelerator.num_processes > 1:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        if self._generation_model_step != self.state.global_step:  # the weights changed since the last copy
+            with profiling_context(self, "merge_for_generation"):
+                self._generation_model = refresh_merged_copy(
+                    self.accelerator.unwrap_model(self.model),
+                    self._generation_model,
+                    resolve_dtype(self.generation_precision),
+                )
+            self._generation_model_step = self.state.global_step
+        with profiling_context(self, "transformers.generate"):
+            completion_ids = sample_groups(
+                self._generation_model,
+                prompt_ids,
+                self.generation_config,
+                pad_id=self._tokenizer.pad_token_id,
+                eos_ids=self.eos_token_ids,
+            )
+        return completion_ids, None
+
+
 def resolve_backend(backend: str, cuda: bool | None = None, vllm_installed: bool | None = None) -> str:
     """The generation backend GRPO will use: ``auto`` means vLLM when CUDA and vllm are both present.
 
@@ -149,7 +217,7 @@ def run_grpo(
 ) -> TrainResult:
     """Continue the SFT adapter with GRPO (or train a fresh one when SFT was disabled)."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     rows = read_jsonl(train_path)
     if keep_ids is not None:
@@ -172,6 +240,7 @@ def run_grpo(
         num_generations=settings.num_generations,
         max_completion_length=settings.max_completion_length,
         temperature=settings.temperature,
+        steps_per_generation=settings.steps_per_generation,
         beta=settings.beta,
         loss_type=settings.loss_type,
         scale_rewards=settings.scale_rewards,
@@ -180,7 +249,8 @@ def run_grpo(
         lr_scheduler_type="constant",
     )
     recorder = MetricsHistory()
-    trainer = GRPOTrainer(
+    trainer = SharedPrefillGRPOTrainer(
+        precision=config.model.precision,
         model=model,
         reward_funcs=rewards,
         args=args,

@@ -242,3 +242,35 @@ def export_merged(base_source: str, adapter_dir: Path, destination: Path) -> Pat
 def resolve_model_task(source: str, revision: str | None = None) -> Path:
     """Prefect task: resolve the base model folder (converting or building it once)."""
     return resolve_model_source(source, revision)
+
+
+def refresh_merged_copy(policy: Any, copy: Any | None, dtype: torch.dtype) -> Any:
+    """A plain model (no PEFT wrappers) holding ``policy``'s current weights with its LoRA deltas folded in, in
+    ``dtype``; ``copy`` from an earlier call is refreshed in place. The trainer's own weights are not touched
+    (merging into them and back would drift), and generation then runs without the per-layer adapter overhead.
+    """
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoModelForCausalLM
+
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    if copy is None:
+        copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype).to(next(base.parameters()).device)
+        copy.generation_config = base.generation_config
+        copy.eval()
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                weight = module.base_layer.weight
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A:
+                        weight = weight + module.get_delta_weight(adapter)
+                merged[f"{name}.weight"] = weight
+        target = copy.state_dict()
+        for key, value in base.state_dict().items():
+            if "lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            if key in target:
+                target[key].copy_(merged.get(key, value))
+    return copy
