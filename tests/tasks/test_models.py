@@ -36,3 +36,24 @@ def test_folder_without_config_is_refused(tmp_path: Path) -> None:
 def test_hub_id_offline_fails_with_a_clear_message() -> None:
     with pytest.raises(ModelSourceError, match="cannot fetch Hub model 'Qwen/Qwen2.5-0.5B-Instruct'.*HF_HUB_OFFLINE"):
         resolve_model_source("Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_merged_copy_computes_what_the_adapter_computes(tiny_model_dir: Path, tiny_adapter: Path) -> None:
+    import torch
+
+    from tasks.models import load_policy, refresh_merged_copy
+
+    policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
+    inputs = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        expected = policy(input_ids=inputs).logits
+        copy = refresh_merged_copy(policy, None, torch.float32)
+        assert torch.allclose(copy(input_ids=inputs).logits, expected, atol=1e-4)
+        for name, parameter in policy.named_parameters():  # a training step changes the adapter ...
+            if "lora_A" in name:
+                parameter.add_(0.3)
+        changed = policy(input_ids=inputs).logits
+        assert not torch.allclose(changed, expected, atol=1e-3)
+        refreshed = refresh_merged_copy(policy, copy, torch.float32)  # ... and the copy follows, in place
+        assert refreshed is copy and torch.allclose(copy(input_ids=inputs).logits, changed, atol=1e-4)
+    assert not any("lora" in name for name, _ in copy.named_parameters())

@@ -62,3 +62,51 @@ def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) 
     assert [e["id"] for e in examples] == ["1", "2"]
     # The reward reads the column as TRL will pass it: a dict schema must still be judged.
     assert json_schema(completions=["{}", "{}"], schema=[e["schema"] for e in examples]) == [1.0, 0.0]
+
+
+def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path) -> None:
+    """The trainer's two replacements agree with TRL's own: log-probs (plain log-softmax vs TRL's fused LM head)
+    and generation (one prefill per group, in order, each completion cut after its first EOS)."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from reward_fns.registry import build_reward_functions
+    from tasks.data import read_jsonl
+    from tasks.grpo import SharedPrefillGRPOTrainer, grpo_examples
+    from tasks.models import load_policy, load_tokenizer
+    from tasks.training import common_trainer_args
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rows = read_jsonl(tiny_split.train_path)[:4]
+    rewards, _ = build_reward_functions(tiny_config.rewards)
+    trainer = SharedPrefillGRPOTrainer(
+        precision="fp32",
+        model=load_policy(tiny_model_dir, tiny_adapter, trainable=True),
+        reward_funcs=rewards,
+        args=GRPOConfig(
+            **common_trainer_args(tiny_config, tmp_path / "out"),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=6,
+            max_steps=1,
+        ),
+        train_dataset=Dataset.from_list(grpo_examples(rows, tokenizer, tiny_config)),
+        processing_class=tokenizer,
+    )
+    model = trainer.model
+    input_ids = torch.randint(3, 40, (3, 12))
+    attention = torch.ones_like(input_ids)
+    attention[0, :4] = 0  # left padding
+    ours, our_entropy, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, None, True)
+    theirs, their_entropy, _ = super(SharedPrefillGRPOTrainer, trainer)._get_per_token_logps_and_entropies(
+        model, input_ids, attention, 5, None, True
+    )
+    assert torch.allclose(ours, theirs, atol=1e-4) and torch.allclose(our_entropy, their_entropy, atol=1e-4)
+
+    prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
+    completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)
+    assert logprobs is None and len(completions) == 8
+    assert all(0 < len(c) <= 6 for c in completions)
+    eos = set(trainer.eos_token_ids)
+    assert all(token not in eos for c in completions for token in c[:-1])  # cut after the first EOS
