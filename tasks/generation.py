@@ -67,30 +67,19 @@ def generate_completions(
     )
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
     new_tokens = 0
     try:
         for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
             indices = order[start : start + prompts_per_batch]
-            width = max(len(encoded[i]) for i in indices)
-            input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
-            attention = torch.zeros((len(indices), width), dtype=torch.long)
-            for row, index in enumerate(indices):
-                ids = encoded[index]
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
             torch.manual_seed(seed + batch_number)
-            input_ids, attention = input_ids.to(device), attention.to(device)
             with torch.inference_mode(), compute_autocast(precision):
-                cache = _shared_prefill(model, input_ids, attention, samples)
-                output = model.generate(
-                    input_ids=input_ids.repeat_interleave(samples, dim=0),
-                    attention_mask=attention.repeat_interleave(samples, dim=0),
-                    cache=cache,
+                output, width = _sample_with_shared_prefill(
+                    model,
+                    [encoded[i] for i in indices],
+                    samples,
+                    pad_id,
                     max_new_tokens=max_new_tokens,
-                    pad_token_id=pad_id,
                     eos_token_id=eos_ids,
-                    use_cache=True,
                     **sampling,
                 )
             generated = output[:, width:]
@@ -128,28 +117,13 @@ def sample_groups(
             groups[-1] = (groups[-1][0], groups[-1][1] + 1)
         else:
             groups.append((list(ids), 1))
-    device = next(model.parameters()).device
     eos = set(eos_ids)
     results: dict[int, list[list[int]]] = {}
     with torch.inference_mode(), compute_autocast(precision):
         for samples in sorted({count for _, count in groups}):  # one batch per group size (usually one size)
             indices = [i for i, (_, count) in enumerate(groups) if count == samples]
-            width = max(len(groups[i][0]) for i in indices)
-            input_ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
-            attention = torch.zeros((len(indices), width), dtype=torch.long)
-            for row, i in enumerate(indices):
-                ids = groups[i][0]
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
-            input_ids, attention = input_ids.to(device), attention.to(device)
-            cache = _shared_prefill(model, input_ids, attention, samples)
-            output = model.generate(
-                input_ids=input_ids.repeat_interleave(samples, dim=0),
-                attention_mask=attention.repeat_interleave(samples, dim=0),
-                cache=cache,
-                generation_config=generation_config,
-                pad_token_id=pad_id,
-                use_cache=True,
+            output, width = _sample_with_shared_prefill(
+                model, [groups[i][0] for i in indices], samples, pad_id, generation_config=generation_config
             )
             rows = output[:, width:].tolist()
             for k, i in enumerate(indices):
@@ -164,6 +138,31 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     [5, 6, 2]
     """
     return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
+
+
+def _sample_with_shared_prefill(
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, **generate_kwargs: Any
+) -> tuple[torch.Tensor, int]:
+    """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
+    prompt). Returns ``generate``'s output and the padded prompt width (where the completions start)."""
+    width = max(len(ids) for ids in id_lists)
+    input_ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(id_lists), width), dtype=torch.long)
+    for row, ids in enumerate(id_lists):
+        input_ids[row, width - len(ids) :] = torch.tensor(list(ids))
+        attention[row, width - len(ids) :] = 1
+    device = next(model.parameters()).device
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    cache = _shared_prefill(model, input_ids, attention, samples)
+    output = model.generate(
+        input_ids=input_ids.repeat_interleave(samples, dim=0),
+        attention_mask=attention.repeat_interleave(samples, dim=0),
+        cache=cache,
+        pad_token_id=pad_id,
+        use_cache=True,
+        **generate_kwargs,
+    )
+    return output, width
 
 
 def _shared_prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int) -> DynamicCache:
