@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,7 +100,8 @@ class RewardStats:
 
 
 class IsolatedReward:
-    """Wraps a reward function: binds its arguments, turns an exception into ``None`` verdicts, counts both.
+    """Wraps a reward function: binds its arguments, turns an exception or an exceeded time budget into ``None``
+    verdicts, counts both.
 
     TRL names the metric after ``__name__``, so the wrapper carries the configured name.
 
@@ -109,17 +111,47 @@ class IsolatedReward:
     ([None, None], 1, 2)
     """
 
-    def __init__(self, name: str, function: RewardFunction, args: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        function: RewardFunction,
+        args: Mapping[str, Any] | None = None,
+        time_budget_s: float | None = None,
+    ) -> None:
         self.__name__ = name
         self.function = function
         self.args = dict(args or {})
+        self.time_budget_s = time_budget_s
         self.stats = RewardStats()
         self.last_batch: dict[str, list[Any]] = {}
+
+    def _run(self, completions: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """Call the function; with a time budget, in a daemon thread that is abandoned when the budget runs out
+        (a thread cannot be killed, and a hung call must hold up neither training nor the process's exit).
+        Works off the main thread, unlike SIGALRM-based timeouts."""
+        if self.time_budget_s is None:
+            return list(self.function(completions=completions, **kwargs))
+        outcome: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                outcome["rewards"] = list(self.function(completions=completions, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=call, name=f"reward-{self.__name__}", daemon=True)
+        worker.start()
+        worker.join(self.time_budget_s)
+        if worker.is_alive():
+            raise TimeoutError(f"exceeded its time budget of {self.time_budget_s:g} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["rewards"]
 
     def __call__(self, completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         started = time.perf_counter()
         try:
-            rewards = list(self.function(completions=completions, **{**kwargs, **self.args}))
+            rewards = self._run(completions, {**kwargs, **self.args})
             if len(rewards) != len(completions):
                 raise ValueError(f"returned {len(rewards)} rewards for {len(completions)} completions")
         except Exception as exc:  # a user's reward must not stop training: count it and judge nothing
@@ -150,6 +182,6 @@ def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], 
         item = spec if isinstance(spec, Mapping) else spec.model_dump()
         name = item["name"]
         label = name.rsplit(":", 1)[-1]
-        functions.append(IsolatedReward(label, resolve_reward(name), item.get("args") or {}))
+        functions.append(IsolatedReward(label, resolve_reward(name), item.get("args") or {}, item.get("timeout_s")))
         weights.append(float(item.get("weight", 1.0)))
     return functions, weights

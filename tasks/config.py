@@ -88,6 +88,9 @@ class RewardSpec(_Strict):
     name: str = Field(description="A built-in reward name or an import path 'package.module:function'.")
     weight: float = 1.0
     args: dict[str, Any] = {}
+    timeout_s: float | None = Field(
+        120.0, gt=0, description="Time budget per batch; past it the batch scores None (counted), training goes on."
+    )
 
     @field_validator("name")
     @classmethod

@@ -53,3 +53,28 @@ def test_a_reward_returning_the_wrong_count_is_an_error() -> None:
     reward = IsolatedReward("short", lambda completions, **kwargs: [1.0])
     assert reward(completions=["a", "b"]) == [None, None]
     assert "returned 1 rewards for 2" in reward.stats.last_error
+
+
+def test_a_reward_over_its_time_budget_judges_nothing_and_training_goes_on() -> None:
+    import threading
+
+    released = threading.Event()
+    finished = threading.Event()
+
+    def slow(completions, **kwargs):
+        released.wait(10)
+        finished.set()
+        return [1.0] * len(completions)
+
+    reward = IsolatedReward("slow", slow, time_budget_s=0.2)
+    assert reward(completions=["a", "b"]) == [None, None]
+    assert not finished.is_set()  # the call came back while the function was still running
+    assert reward.stats.errors == 1 and "time budget" in reward.stats.last_error
+    released.set()
+    assert reward(completions=["c"]) == [1.0]  # the next batch runs normally
+
+
+def test_time_budget_comes_from_the_config() -> None:
+    functions, _ = build_reward_functions([{"name": "math_accuracy", "timeout_s": 5}])
+    assert functions[0].time_budget_s == 5
+    assert functions[0](completions=["\\boxed{2}"], ground_truth=["2"]) == [1.0]
