@@ -10,6 +10,8 @@ import functools
 import json
 import logging
 import resource
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -274,6 +276,37 @@ def emit_pipeline_event(event: str, run_id: str, payload: dict[str, Any]) -> Non
         )
     except Exception as exc:
         logger.warning("could not emit Prefect event grpoflow.run.%s: %s", event, exc)
+
+
+@contextmanager
+def runs_closed_on_termination(tracker: Tracker) -> Iterator[None]:
+    """While inside, SIGTERM (a cancel from the Prefect UI, a pre-empted worker) first marks every open MLflow
+    run of this pipeline run KILLED, then hands the signal to the previous handler (Prefect's raises
+    TerminationSignal). The runs are closed in the handler itself because that exception can land in a
+    finalizer or weakref callback, where Python swallows it and no ``finally`` would run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def close_then_forward(signum: int, frame: Any) -> None:
+        try:
+            runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`{RUN_ID_TAG}` = '{tracker.run_id}'")
+            for run in runs:
+                if run.info.status == "RUNNING":
+                    tracker.client.set_terminated(run.info.run_id, "KILLED")
+        except Exception as exc:  # the signal must still reach Prefect
+            logger.warning("could not close the MLflow runs of %s on SIGTERM: %s", tracker.run_id, exc)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, close_then_forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def finish_pipeline(tracker: Tracker, status: str, summary: dict[str, Any] | None = None) -> None:

@@ -159,14 +159,19 @@ def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
     parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides, "skip_unchanged": False}
     flow_run_id = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
     _wait_for(services, flow_run_id, 300, ("RUNNING",))
-    search = {"experiment_ids": ["1"], "filter": "attributes.status = 'RUNNING'"}
-    for _ in range(120):  # until the SFT stage's MLflow run is open
-        if len(_post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", search).get("runs", [])) >= 2:
+    search = {"experiment_ids": ["1"], "filter": "attributes.run_name = 'sft' and attributes.status = 'RUNNING'"}
+    for _ in range(180):  # until SFT is training
+        if _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", search).get("runs"):
             break
         time.sleep(1)
     _post(f"{services.prefect_api_url}/flow_runs/{flow_run_id}/set_state", {"state": {"type": "CANCELLING"}})
-    assert _wait_for(services, flow_run_id, 120, ("CANCELLED", "FAILED", "CRASHED"))["state_type"] == "CANCELLED"
+    # Prefect ends a cancelled process-worker run as CANCELLED or, when the engine reports the SIGTERM first,
+    # CRASHED ("aborted by a termination signal"); either way the run is stopped, which is what this checks.
+    ended = _wait_for(services, flow_run_id, 120, ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"))
+    assert ended["state_type"] in ("CANCELLED", "CRASHED")
     runs = _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", {"experiment_ids": ["1"]})["runs"]
-    assert runs and not [r["info"]["run_name"] for r in runs if r["info"]["status"] == "RUNNING"]
+    assert runs and not [r["info"]["run_name"] for r in runs if r["info"]["status"] == "RUNNING"], [
+        (r["info"]["run_name"], r["info"]["status"]) for r in runs
+    ]
     parent = [r for r in runs if not any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
     assert [r["info"]["status"] for r in parent] == ["KILLED"]
