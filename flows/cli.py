@@ -308,7 +308,11 @@ def up(
         "  grpoflow deploy && GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu\n"
         "Ctrl-C stops both servers."
     )
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    def stop_on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # `kill` or a supervisor stops both servers like Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         while all(p.poll() is None for p in services.processes.values()):
             time.sleep(1)

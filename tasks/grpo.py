@@ -134,11 +134,18 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )  # fmt: skip
-        with self.accelerator.autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
-        logits = logits[:, :-1].float() / self.temperature
-        logps = selective_log_softmax(logits, input_ids[:, -logits_to_keep:])
-        return logps, entropy_from_logits(logits) if compute_entropy else None, None
+        chunk = batch_size or input_ids.size(0)  # TRL's chunking bounds the (rows × tokens × vocab) logits
+        all_logps, all_entropies = [], []
+        for start in range(0, input_ids.size(0), chunk):
+            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+            with self.accelerator.autocast():
+                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1).logits
+            logits = logits[:, :-1].float() / self.temperature
+            all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
+            if compute_entropy:
+                all_entropies.append(entropy_from_logits(logits))
+        entropies = torch.cat(all_entropies) if compute_entropy else None
+        return torch.cat(all_logps), entropies, None
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001, ANN202
         if self.use_vllm or images is not None or multimodal_fields or self.accelerator.num_processes > 1:

@@ -103,6 +103,8 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
         model, input_ids, attention, 5, None, True
     )
     assert torch.allclose(ours, theirs, atol=1e-4) and torch.allclose(our_entropy, their_entropy, atol=1e-4)
+    chunked, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, 2, False)
+    assert torch.allclose(chunked, ours, atol=1e-5)  # TRL's batch_size chunking gives the same values
 
     prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
     completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)
