@@ -309,10 +309,13 @@ def up(
         "Ctrl-C stops both servers."
     )
 
-    def stop_on_sigterm(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # `kill` or a supervisor stops both servers like Ctrl-C does
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    # Ctrl-C, `kill` or a supervisor stop both servers; SIGINT explicitly too, since a shell's background job
+    # starts with SIGINT ignored.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         while all(p.poll() is None for p in services.processes.values()):
             time.sleep(1)
