@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -16,17 +17,29 @@ import pytest
 from flows.services import CPU_POOL, PROJECT_ROOT, Services, _bin, deploy, free_port, start_services
 
 
+def _request(request: urllib.request.Request | str) -> dict | list:
+    """JSON from a server; a busy server's 503 (SQLite-backed Prefect under load) is retried a few times."""
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or attempt == 5:
+                raise
+            time.sleep(2)
+    raise AssertionError("unreachable")
+
+
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
+    return _request(url)
 
 
 def _post(url: str, body: dict) -> dict | list:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    return _request(
+        urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        )
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def _flow_runs(services: Services) -> list[dict]:
