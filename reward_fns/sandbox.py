@@ -252,6 +252,7 @@ class _Worker:
     user id; the supervisor kills every process of that user after each job, so nothing outlives its run."""
 
     def __init__(self, sandbox: Sandbox, slot: int) -> None:
+        self.slot = slot
         self.uid = SANDBOX_UID_BASE + slot if os.geteuid() == 0 else None
         self.cgroup = _PidsCgroup.create(sandbox.limits.processes + 8) if sandbox.use_cgroup else None
         self.workdir = None
@@ -389,7 +390,6 @@ class Sandbox:
                     self._free_slots.append(slot)
                 self._available.release()
                 raise
-            worker.slot = slot
             with self._lock:
                 self._all.add(worker)
             return worker

@@ -260,17 +260,6 @@ class PipelineConfig(_Strict):
             raise ValueError("rewards must name at least one reward function")
         return rewards
 
-    @model_validator(mode="after")
-    def _kind_can_be_judged(self) -> PipelineConfig:
-        from reward_fns.registry import CORRECTNESS_REWARD, REWARD_FUNCTIONS
-
-        if CORRECTNESS_REWARD[self.data.kind] not in REWARD_FUNCTIONS:
-            raise ValueError(
-                f"data.kind {self.data.kind!r} needs the {CORRECTNESS_REWARD[self.data.kind]!r} reward, which this "
-                "version does not ship yet"
-            )
-        return self
-
     def resolved_tracking_uri(self) -> str:
         """The MLflow tracking URI: the configured one, else ``MLFLOW_TRACKING_URI`` (set on the stack's workers),
         else a SQLite file under ``output_dir``."""

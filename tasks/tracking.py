@@ -238,14 +238,24 @@ def start_pipeline(config: Any, run_id: str, run_dir: Path) -> Tracker:
     return tracker
 
 
-def close_interrupted_runs(client: Any, experiment_id: str, run_id: str) -> list[str]:
-    """Mark the RUNNING MLflow runs of an earlier, killed attempt at this pipeline run FAILED (no orphans);
-    returns the ids of its parent runs, which the new parent run links to."""
+def close_open_runs(
+    client: Any, experiment_id: str, run_id: str, status: str, tags: dict[str, str] | None = None
+) -> list[Any]:
+    """Every MLflow run of pipeline run ``run_id``; the RUNNING ones are tagged with ``tags`` and closed with
+    ``status``."""
     runs = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'")
     for run in runs:
         if run.info.status == "RUNNING":
-            client.set_tag(run.info.run_id, "grpoflow.interrupted", "true")
-            client.set_terminated(run.info.run_id, "FAILED")
+            for key, value in (tags or {}).items():
+                client.set_tag(run.info.run_id, key, value)
+            client.set_terminated(run.info.run_id, status)
+    return runs
+
+
+def close_interrupted_runs(client: Any, experiment_id: str, run_id: str) -> list[str]:
+    """Mark the RUNNING MLflow runs of an earlier, killed attempt at this pipeline run FAILED (no orphans);
+    returns the ids of its parent runs, which the new parent run links to."""
+    runs = close_open_runs(client, experiment_id, run_id, "FAILED", {"grpoflow.interrupted": "true"})
     return [run.info.run_id for run in runs if "mlflow.parentRunId" not in run.data.tags]
 
 
@@ -291,10 +301,7 @@ def runs_closed_on_termination(tracker: Tracker) -> Iterator[None]:
 
     def close_then_forward(signum: int, frame: Any) -> None:
         try:
-            runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`{RUN_ID_TAG}` = '{tracker.run_id}'")
-            for run in runs:
-                if run.info.status == "RUNNING":
-                    tracker.client.set_terminated(run.info.run_id, "KILLED")
+            close_open_runs(tracker.client, tracker.experiment_id, tracker.run_id, "KILLED")
         except Exception as exc:  # the signal must still reach Prefect
             logger.warning("could not close the MLflow runs of %s on SIGTERM: %s", tracker.run_id, exc)
         if callable(previous):
