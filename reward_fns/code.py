@@ -43,21 +43,19 @@ def shared_sandbox(limits: SandboxLimits, workers: int | None = None) -> Sandbox
 def run_programs(jobs: list[SandboxJob], limits: SandboxLimits, workers: int | None = None) -> list[SandboxResult]:
     """Sandbox results for ``jobs``, each distinct (job, limits) run once and remembered (a reward and the
     correctness check, or the G equal completions of a group, do not run the same program twice)."""
-    pending = []
-    with _results_lock:
-        for job in dict.fromkeys(jobs):
-            if (job, limits) not in _results:
-                pending.append(job)
+    distinct = list(dict.fromkeys(jobs))
+    with _results_lock:  # take the known results out now: another call may evict them meanwhile
+        found = {job: _results[(job, limits)] for job in distinct if (job, limits) in _results}
+    pending = [job for job in distinct if job not in found]
     fresh = shared_sandbox(limits, workers).run_many(pending) if pending else []
+    found.update(zip(pending, fresh, strict=True))
     with _results_lock:
         for job, result in zip(pending, fresh, strict=True):
-            if result.status != "infrastructure":
+            if result.status != "infrastructure":  # a failed sandbox is worth another try next time
                 _results[(job, limits)] = result
                 while len(_results) > _CACHE_SIZE:
                     _results.popitem(last=False)
-        known = {job: _results.get((job, limits)) for job in jobs}
-    fresh_by_job = dict(zip(pending, fresh, strict=True))
-    return [known[job] or fresh_by_job[job] for job in jobs]
+    return [found[job] for job in jobs]
 
 
 def _jobs(
