@@ -3,7 +3,15 @@
 Prompts are tokenized once, sorted by length so each batch pads little, and left-padded. Each prompt is
 prefilled once: its KV cache is then copied to its ``n`` samples, so the prompt is not recomputed per sample.
 Decoding uses the KV cache and a batch stops as soon as every sequence has hit EOS. With ``precision="bf16"``
-the matrix products run under bf16 autocast.
+the matrix products run under bf16 autocast, and the linear layers' weights are packed once per call
+(``packed_for_inference``) rather than re-laid out on every product.
+
+The decoding loop is this module's own (``_decode``) for the settings GRPO and evaluation use (temperature,
+top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which on CPU took 16 ms per step
+for 16 rows of SmolLM2's 49 152-token vocabulary, a fifth of a decoding step, as it draws a random number per
+vocabulary entry (so does the exponential race, ``argmax(p / E)``: also 16 ms). Here a token is drawn by
+inverting the cumulative distribution with one uniform number per row. Any other generation setting
+(repetition penalty, suppressed tokens, ...) goes to ``generate``.
 """
 
 from __future__ import annotations
@@ -15,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig
 
-from tasks.models import compute_autocast
+from tasks.models import compute_autocast, packed_for_inference
 
 logger = logging.getLogger(__name__)
 
@@ -62,35 +70,32 @@ def generate_completions(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
     results: list[list[str]] = [[] for _ in prompts]
-    sampling = (
-        {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    generation_config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        **({"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}),
     )
     was_training = model.training
     model.eval()
     new_tokens = 0
     try:
-        for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
-            indices = order[start : start + prompts_per_batch]
-            torch.manual_seed(seed + batch_number)
-            with torch.inference_mode(), compute_autocast(precision):
-                output, width = _sample_with_shared_prefill(
-                    model,
-                    [encoded[i] for i in indices],
-                    samples,
-                    pad_id,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=eos_ids,
-                    **sampling,
-                )
-            generated = output[:, width:]
-            new_tokens += int((generated != pad_id).sum())
-            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
-            for offset, index in enumerate(indices):
-                results[index] = texts[offset * samples : (offset + 1) * samples]
-            done = min(start + prompts_per_batch, len(order))
-            logger.debug("generated %d/%d prompts", done, len(order))
-            if progress:
-                progress(done, len(order))
+        with packed_for_inference(model, precision):
+            for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
+                indices = order[start : start + prompts_per_batch]
+                torch.manual_seed(seed + batch_number)
+                with torch.inference_mode(), compute_autocast(precision):
+                    generated = _sample_with_shared_prefill(
+                        model, [encoded[i] for i in indices], samples, pad_id, generation_config
+                    )
+                new_tokens += int((generated != pad_id).sum())
+                texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+                for offset, index in enumerate(indices):
+                    results[index] = texts[offset * samples : (offset + 1) * samples]
+                done = min(start + prompts_per_batch, len(order))
+                logger.debug("generated %d/%d prompts", done, len(order))
+                if progress:
+                    progress(done, len(order))
     finally:
         model.train(was_training)
     if stats is not None:
@@ -122,10 +127,9 @@ def sample_groups(
     with torch.inference_mode(), compute_autocast(precision):
         for samples in sorted({count for _, count in groups}):  # one batch per group size (usually one size)
             indices = [i for i, (_, count) in enumerate(groups) if count == samples]
-            output, width = _sample_with_shared_prefill(
-                model, [groups[i][0] for i in indices], samples, pad_id, generation_config=generation_config
-            )
-            rows = output[:, width:].tolist()
+            rows = _sample_with_shared_prefill(
+                model, [groups[i][0] for i in indices], samples, pad_id, generation_config
+            ).tolist()
             for k, i in enumerate(indices):
                 results[i] = [_until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
     return [tokens for i in range(len(groups)) for tokens in results[i]]
@@ -140,11 +144,72 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
 
 
+# Generation settings ``_decode`` implements; anything else set goes to ``generate``.
+_DECODE_SETTINGS = {
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "pad_token_id", "bos_token_id",
+    "eos_token_id", "cache_implementation", "disable_compile", "use_cache", "transformers_version",
+    "repetition_penalty",
+}  # fmt: skip
+
+
+def decodable(generation_config: Any) -> bool:
+    """Whether ``_decode`` implements every setting of ``generation_config`` (else ``generate`` runs).
+
+    >>> from transformers import GenerationConfig
+    >>> decodable(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9))
+    True
+    >>> decodable(GenerationConfig(max_new_tokens=8, repetition_penalty=1.2))
+    False
+    """
+    settings = generation_config.to_diff_dict()
+    return set(settings) <= _DECODE_SETTINGS and settings.get("repetition_penalty", 1.0) in (None, 1.0)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    *,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> torch.Tensor:
+    """One token per row of ``logits`` (rows × vocabulary): the argmax, or a draw from the tempered, filtered
+    distribution.
+
+    >>> next_tokens(torch.tensor([[0.0, 3.0, 1.0]]), greedy=True).tolist()
+    [1]
+    >>> next_tokens(torch.tensor([[0.0, 9.0, 8.0]]), top_k=1).tolist()
+    [1]
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k:
+        threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        after = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # mass before each token
+        drop = (after >= top_p).scatter(-1, order, after >= top_p)  # as transformers: keep the smallest set
+        logits = logits.masked_fill(drop, float("-inf"))
+    probabilities = logits.softmax(dim=-1)
+    if min_p:
+        probabilities = probabilities.masked_fill(
+            probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
+        )
+    # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
+    cumulative = probabilities.double().cumsum(dim=-1)
+    uniform = torch.rand(cumulative.size(0), 1, dtype=cumulative.dtype, device=cumulative.device)
+    tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token
+    return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
+
+
 def _sample_with_shared_prefill(
-    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, **generate_kwargs: Any
-) -> tuple[torch.Tensor, int]:
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+) -> torch.Tensor:
     """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
-    prompt). Returns ``generate``'s output and the padded prompt width (where the completions start)."""
+    prompt). Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
     width = max(len(ids) for ids in id_lists)
     input_ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(id_lists), width), dtype=torch.long)
@@ -153,36 +218,78 @@ def _sample_with_shared_prefill(
         attention[row, width - len(ids) :] = 1
     device = next(model.parameters()).device
     input_ids, attention = input_ids.to(device), attention.to(device)
-    cache = _shared_prefill(model, input_ids, attention, samples)
+    if decodable(generation_config):
+        return _decode(model, input_ids, attention, samples, pad_id, generation_config)
+    cache = _shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
         attention_mask=attention.repeat_interleave(samples, dim=0),
         cache=cache,
-        pad_token_id=pad_id,
-        use_cache=True,
-        **generate_kwargs,
+        generation_config=generation_config,
     )
-    return output, width
+    return output[:, width:]
 
 
-def _shared_prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int) -> DynamicCache:
-    """Run every prompt but its last token once, and copy the cache to each of its ``samples`` rows.
+def _decode(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, pad_id: int, config: Any
+) -> torch.Tensor:
+    """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows, then
+    decode one token per step until every row has hit EOS or ``max_new_tokens``. Positions count real tokens,
+    as ``generate`` counts them under left padding."""
+    eos = torch.tensor(sorted(_as_list(config.eos_token_id)), device=input_ids.device)
+    choose = {
+        "greedy": not config.do_sample,
+        "temperature": config.temperature or 1.0,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "min_p": config.min_p,
+    }
+    cache = _shared_prefill(model, input_ids, attention, samples, keep_logits=True)
+    logits = cache.last_logits
+    attention = attention.repeat_interleave(samples, dim=0)
+    positions = attention.sum(dim=-1, keepdim=True)
+    done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
+    steps: list[torch.Tensor] = []
+    for _ in range(config.max_new_tokens):
+        token = next_tokens(logits, **choose).masked_fill(done, pad_id)
+        steps.append(token)
+        done |= torch.isin(token, eos)
+        if bool(done.all()) or len(steps) == config.max_new_tokens:
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        logits = model(
+            input_ids=token[:, None], attention_mask=attention, position_ids=positions, cache=cache, use_cache=True
+        ).logits[:, -1]
+        positions = positions + 1
+    return torch.stack(steps, dim=1)
 
-    ``generate`` then only feeds the last prompt token, so a prompt is encoded once whatever ``samples`` is.
+
+def _as_list(value: int | Sequence[int] | None) -> list[int]:
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def _shared_prefill(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, keep_logits: bool = False
+) -> DynamicCache:
+    """Run the prompts once and copy the cache to each of their ``samples`` rows; with ``keep_logits`` the last
+    position's logits are kept too (as ``cache.last_logits``, one row per sample).
+
     Positions follow the left padding exactly as ``generate`` computes them, so outputs do not change.
     """
     cache = DynamicCache(config=model.config)
-    if input_ids.shape[1] > 1:
-        head, head_mask = input_ids[:, :-1], attention[:, :-1]
-        positions = (head_mask.cumsum(-1) - 1).clamp(min=0)
-        model(
-            input_ids=head,
-            attention_mask=head_mask,
+    cache.last_logits = None
+    if input_ids.shape[1] > 0:
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention,
             position_ids=positions,
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
+        if keep_logits:
+            cache.last_logits = output.logits[:, -1].repeat_interleave(samples, dim=0)
     if samples > 1:
         cache.batch_repeat_interleave(samples)
     return cache

@@ -22,7 +22,7 @@ from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.generation import sample_groups
-from tasks.models import load_policy, load_tokenizer, refresh_merged_copy, resolve_dtype
+from tasks.models import MergedCopy, load_policy, load_tokenizer, resolve_dtype, store_frozen_in
 from tasks.tracking import STAGE_TAG, Tracker, handoff_download, handoff_upload
 from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
 
@@ -100,6 +100,56 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
+def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """Lengths of the runs of equal rows (same tokens, same padding): a GRPO batch holds each prompt once per
+    sample, in a row.
+
+    >>> prompt_runs(torch.tensor([[1, 2], [1, 2], [0, 3], [1, 2]]), torch.tensor([[1, 1], [1, 1], [0, 1], [1, 1]]))
+    tensor([2, 1, 1])
+    """
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1) & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same]).nonzero().flatten()
+    ends = torch.cat([starts[1:], torch.tensor([prompt_ids.size(0)], device=starts.device)])
+    return ends - starts
+
+
+def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Any:
+    """The logits that predict the last ``logits_to_keep`` tokens of each row (rows × tokens × vocab), the same as
+    ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each run of
+    equal prompts encoded once: the prompt's KV cache (and its gradient) is shared by the run's completions, so
+    a group of G samples costs one prompt plus G completions instead of G of each. Positions are those of the
+    single call (counted over the padded row), so the values agree to rounding.
+    """
+    from transformers import DynamicCache
+
+    prompt_length = input_ids.size(1) - logits_to_keep
+    prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    runs = prompt_runs(prompts, prompt_mask) if prompt_length > 0 else None
+    if runs is None or len(runs) == input_ids.size(0):  # nothing shared: one plain pass
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits[
+            :, :-1
+        ]
+    first_rows = runs.cumsum(0) - runs
+    cache = DynamicCache()
+    head = model(
+        input_ids=prompts[first_rows],
+        attention_mask=prompt_mask[first_rows],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits.repeat_interleave(runs, dim=0)
+    if logits_to_keep == 1:
+        return head
+    cache.batch_repeat_interleave(runs)  # differentiable: the runs' gradients sum into the shared prompt
+    tail = model(
+        input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
+        attention_mask=attention_mask[:, :-1],
+        cache=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([head, tail], dim=1)
+
+
 class SharedPrefillGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer whose transformers generation prefills each prompt once for its whole group.
 
@@ -113,7 +163,7 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.generation_precision = precision
-        self._generation_model: Any = None
+        self._generation_model: MergedCopy | None = None
         self._generation_model_step = -1
 
     def _get_per_token_logps_and_entropies(  # noqa: ANN202
@@ -127,8 +177,9 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         compute_aux_loss=False,  # noqa: ANN001
         **multimodal,  # noqa: ANN003
     ):
-        """Plain logits → log-softmax for text models on CPU: TRL's fused, tiled LM-head kernel has no CPU kernel
-        and its pure-torch fallback is slower here than materializing the (small) completion logits."""
+        """Each group's prompt is encoded once (forward and backward) and its KV cache shared by the group's
+        completions; then plain logits → log-softmax, as TRL's fused, tiled LM-head kernel has no CPU kernel and
+        its pure-torch fallback is slower here than materializing the (small) completion logits."""
         if compute_aux_loss or input_ids.is_cuda or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
@@ -139,8 +190,8 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         for start in range(0, input_ids.size(0), chunk):
             ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
             with self.accelerator.autocast():
-                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1).logits
-            logits = logits[:, :-1].float() / self.temperature
+                logits = completion_logits(model, ids, mask, logits_to_keep)
+            logits = logits.float() / self.temperature
             all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
             if compute_entropy:
                 all_entropies.append(entropy_from_logits(logits))
@@ -154,15 +205,15 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
             )
         if self._generation_model_step != self.state.global_step:  # the weights changed since the last copy
             with profiling_context(self, "merge_for_generation"):
-                self._generation_model = refresh_merged_copy(
-                    self.accelerator.unwrap_model(self.model),
-                    self._generation_model,
-                    resolve_dtype(self.generation_precision),
-                )
+                if self._generation_model is None:
+                    policy = self.accelerator.unwrap_model(self.model)
+                    self._generation_model = MergedCopy(policy, resolve_dtype(self.generation_precision))
+                else:
+                    self._generation_model.refresh()
             self._generation_model_step = self.state.global_step
         with profiling_context(self, "transformers.generate"):
             completion_ids = sample_groups(
-                self._generation_model,
+                self._generation_model.model,
                 prompt_ids,
                 self.generation_config,
                 pad_id=self._tokenizer.pad_token_id,
@@ -234,6 +285,8 @@ def run_grpo(
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
+    if sft_adapter_dir is not None and resolve_dtype(config.model.precision) == torch.bfloat16:
+        store_frozen_in(model, torch.bfloat16)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
     backend = resolve_backend(settings.generation.backend)

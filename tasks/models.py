@@ -7,6 +7,7 @@ local model folder, or a Hub id.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -14,6 +15,7 @@ import os
 import shutil
 import string
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,12 +206,41 @@ def load_tokenizer(model_dir: Path | str) -> Any:
     return tokenizer
 
 
+def attention_implementation() -> str:
+    """Eager attention on CPU, transformers' default (SDPA) on GPU.
+
+    On CPU, PyTorch's SDPA kernel is slower than eager attention at GRPO's sizes: SmolLM2-135M with LoRA, 16
+    rows × (41 + 9) tokens, forward + backward 1.47 s → 1.09 s; one decoding step of 16 rows 11 ms of SDPA
+    calls alone; at 16 × 450 tokens eager is still no slower (27 s → 25 s).
+    """
+    return "sdpa" if torch.cuda.is_available() else "eager"
+
+
 def load_base_model(model_dir: Path | str) -> Any:
     """The base model with fp32 weights on the best device (precision is applied as autocast at compute time)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attention_implementation()
+    )
     return model.to(device())
+
+
+def store_frozen_in(model: Any, dtype: torch.dtype) -> int:
+    """Store the frozen weights of ``model``'s LoRA base layers in ``dtype`` (the autocast dtype); returns how
+    many. Under autocast every matrix product casts its weight to bf16 on each call; stored in bf16 the cast is
+    gone and the products are bit-identical. Embeddings, norms and the adapters keep fp32.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            weight = module.base_layer.weight
+            if not weight.requires_grad and weight.dtype != dtype:
+                weight.data = weight.data.to(dtype)
+                count += 1
+    return count
 
 
 def load_policy(model_dir: Path | str, adapter_dir: Path | str | None, trainable: bool = False) -> Any:
@@ -244,33 +275,141 @@ def resolve_model_task(source: str, revision: str | None = None) -> Path:
     return resolve_model_source(source, revision)
 
 
-def refresh_merged_copy(policy: Any, copy: Any | None, dtype: torch.dtype) -> Any:
-    """A plain model (no PEFT wrappers) holding ``policy``'s current weights with its LoRA deltas folded in, in
-    ``dtype``; ``copy`` from an earlier call is refreshed in place. The trainer's own weights are not touched
-    (merging into them and back would drift), and generation then runs without the per-layer adapter overhead.
-    """
-    from peft.tuners.lora import LoraLayer
-    from transformers import AutoModelForCausalLM
+class PackedLinear(torch.nn.Module):
+    """An inference-only ``nn.Linear`` whose weight is stored in oneDNN's blocked layout, in ``dtype``.
 
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    if copy is None:
-        copy = AutoModelForCausalLM.from_config(base.config, dtype=dtype).to(next(base.parameters()).device)
-        copy.generation_config = base.generation_config
-        copy.eval()
-    merged: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer):
-                weight = module.base_layer.weight
-                for adapter in module.active_adapters:
-                    if adapter in module.lora_A:
-                        weight = weight + module.get_delta_weight(adapter)
-                merged[f"{name}.weight"] = weight
-        target = copy.state_dict()
-        for key, value in base.state_dict().items():
-            if "lora_" in key:
-                continue
-            key = key.replace(".base_layer.", ".")
-            if key in target:
-                target[key].copy_(merged.get(key, value))
-    return copy
+    A plain bf16 ``linear`` on CPU re-lays out its weight on every call; for decoding (16 rows) that made it
+    memory-bound at ≈ 9 GB/s. Packed once, a 16 × 576 × 1536 product took 165 µs instead of 319 µs and the
+    results are bit-identical in bf16. The input is cast to ``dtype`` (what autocast does) and so is the output.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = weight.shape[1], weight.shape[0], dtype
+        self.bias = None if bias is None else bias.detach().to(dtype)
+        self.repack(weight)
+
+    def repack(self, weight: torch.Tensor) -> None:
+        """Take a new weight (e.g. after an optimizer step merged into it)."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(self.dtype), 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
+
+
+@functools.cache
+def packing_available(dtype: torch.dtype) -> bool:
+    """Whether ``PackedLinear`` works here (a CPU build of torch with oneDNN, which computes what ``linear``
+    computes); checked once per dtype, on CPU only."""
+    if torch.cuda.is_available() or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight, x = torch.randn(24, 40, generator=generator), torch.randn(3, 5, 40, generator=generator)
+        packed = PackedLinear(weight, None, dtype)(x)
+        plain = torch.nn.functional.linear(x.to(dtype), weight.to(dtype))
+        return packed.shape == plain.shape and torch.allclose(packed.float(), plain.float(), atol=1e-3, rtol=1e-2)
+    except (RuntimeError, AttributeError) as exc:
+        logger.info("packed linear layers unavailable (%s): plain ones are used", exc)
+        return False
+
+
+def pack_linears(model: Any, dtype: torch.dtype) -> dict[str, tuple[Any, str, torch.nn.Module]]:
+    """Replace every plain ``nn.Linear`` of ``model`` by a ``PackedLinear`` in ``dtype`` (inference only); returns
+    ``{name: (parent, attribute, original)}`` so ``unpack_linears`` can put the originals back. A no-op where
+    packing is unavailable."""
+    swapped: dict[str, tuple[Any, str, torch.nn.Module]] = {}
+    if not packing_available(dtype):
+        return swapped
+    for parent_name, parent in list(model.named_modules()):
+        for attribute, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, attribute, PackedLinear(child.weight, child.bias, dtype))
+                swapped[f"{parent_name}.{attribute}".lstrip(".")] = (parent, attribute, child)
+    return swapped
+
+
+def unpack_linears(swapped: dict[str, tuple[Any, str, torch.nn.Module]]) -> None:
+    for parent, attribute, original in swapped.values():
+        setattr(parent, attribute, original)
+
+
+@contextlib.contextmanager
+def packed_for_inference(model: Any, precision: str) -> Iterator[Any]:
+    """``model`` with packed linear layers in the compute dtype for the duration (generation in probe and
+    evaluation); the original layers are back afterwards, so the model can still be saved or trained."""
+    swapped = pack_linears(model, resolve_dtype(precision))
+    try:
+        yield model
+    finally:
+        unpack_linears(swapped)
+
+
+class MergedCopy:
+    """A plain model (no PEFT wrappers) holding a LoRA policy's current weights with the deltas folded in, in
+    ``dtype``, for generation: it runs without the per-layer adapter overhead, and the trainer's own weights
+    are not touched (merging into them and back would drift). Its linear layers are packed (``PackedLinear``).
+
+    ``refresh()`` after each optimizer step rewrites only what training can change: each LoRA layer's weight as
+    one fused ``W + scale · B @ A`` in ``dtype`` (B and A rounded to ``dtype`` first: their rounding is far below
+    that of the sum), and any trainable non-LoRA parameter (``modules_to_save``). Frozen weights are copied once.
+    """
+
+    def __init__(self, policy: Any, dtype: torch.dtype) -> None:
+        from peft.tuners.lora import LoraLayer
+        from transformers import AutoModelForCausalLM
+
+        self.dtype = dtype
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        self.model = AutoModelForCausalLM.from_config(
+            base.config, dtype=dtype, attn_implementation=attention_implementation()
+        ).to(next(base.parameters()).device)
+        self.model.generation_config = base.generation_config
+        self.model.eval()
+        target = self.model.state_dict()
+        lora_layers = {f"{name}.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+        self._lora: list[tuple[str, torch.Tensor, Any]] = []
+        self._trainable: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        with torch.no_grad():
+            for key, value in base.state_dict(keep_vars=True).items():
+                key = key.replace(".base_layer.", ".")
+                if "lora_" in key or key not in target:
+                    continue
+                if key in lora_layers:
+                    self._lora.append((key, target[key], lora_layers[key]))
+                elif value.requires_grad:
+                    self._trainable.append((key, target[key], value))
+                else:
+                    target[key].copy_(value)
+        self._packed: dict[str, PackedLinear] = {}
+        self.refresh()
+        swapped = pack_linears(self.model, dtype)  # packed from the merged weights, which stay as the source
+        self._packed = {f"{name}.weight": getattr(parent, attr) for name, (parent, attr, _) in swapped.items()}
+
+    def refresh(self) -> Any:
+        """Fold the policy's current adapter weights into the copy, in place; returns the copy."""
+        with torch.no_grad():
+            for key, weight, module in self._lora:
+                _merge_into(weight, module, self.dtype)
+                if key in self._packed:
+                    self._packed[key].repack(weight)
+            for key, weight, value in self._trainable:
+                weight.copy_(value)
+                if key in self._packed:
+                    self._packed[key].repack(weight)
+        return self.model
+
+
+def _merge_into(target: torch.Tensor, module: Any, dtype: torch.dtype) -> None:
+    """``target`` ← the LoRA layer's base weight plus its active adapters' deltas."""
+    weight = module.base_layer.weight
+    adapters = [a for a in module.active_adapters if a in module.lora_A]
+    simple = len(adapters) == 1 and not module.fan_in_fan_out and not module.use_dora.get(adapters[0], False)
+    if simple and weight.dtype == target.dtype:
+        adapter = adapters[0]
+        lora_b, lora_a = module.lora_B[adapter].weight.to(dtype), module.lora_A[adapter].weight.to(dtype)
+        torch.addmm(weight, lora_b, lora_a, alpha=module.scaling[adapter], out=target)
+        return
+    for adapter in adapters:  # PEFT's general delta (DoRA, fan-in-fan-out, several adapters)
+        weight = weight + module.get_delta_weight(adapter)
+    target.copy_(weight)

@@ -41,19 +41,71 @@ def test_hub_id_offline_fails_with_a_clear_message() -> None:
 def test_merged_copy_computes_what_the_adapter_computes(tiny_model_dir: Path, tiny_adapter: Path) -> None:
     import torch
 
-    from tasks.models import load_policy, refresh_merged_copy
+    from tasks.models import MergedCopy, load_policy
 
     policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
     inputs = torch.randint(3, 40, (2, 9))
     with torch.no_grad():
+        for name, parameter in policy.named_parameters():  # a trained adapter (PEFT initialises B to zero)
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
         expected = policy(input_ids=inputs).logits
-        copy = refresh_merged_copy(policy, None, torch.float32)
+        merged = MergedCopy(policy, torch.float32)
+        copy = merged.model
         assert torch.allclose(copy(input_ids=inputs).logits, expected, atol=1e-4)
         for name, parameter in policy.named_parameters():  # a training step changes the adapter ...
             if "lora_A" in name:
                 parameter.add_(0.3)
         changed = policy(input_ids=inputs).logits
         assert not torch.allclose(changed, expected, atol=1e-3)
-        refreshed = refresh_merged_copy(policy, copy, torch.float32)  # ... and the copy follows, in place
+        refreshed = merged.refresh()  # ... and the copy follows, in place
         assert refreshed is copy and torch.allclose(copy(input_ids=inputs).logits, changed, atol=1e-4)
     assert not any("lora" in name for name, _ in copy.named_parameters())
+
+
+def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
+    tiny_model_dir: Path, tiny_adapter: Path
+) -> None:
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    from tasks.models import MergedCopy, load_policy, store_frozen_in
+
+    policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
+    inputs = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = policy(input_ids=inputs).logits
+    layers = sum(isinstance(m, LoraLayer) for m in policy.modules())
+    assert store_frozen_in(policy, torch.bfloat16) == layers > 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(policy(input_ids=inputs).logits, expected)  # autocast cast them the same way
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 for p in trainable)  # the adapters keep fp32
+    merged = MergedCopy(policy, torch.bfloat16)  # the fused bf16 merge over bf16 base weights
+    with torch.no_grad():
+        logits = merged.model(input_ids=inputs).logits.float()
+    assert merged.model.dtype == torch.bfloat16
+    assert torch.allclose(logits, expected.float(), atol=0.1), float((logits - expected.float()).abs().max())
+
+
+def test_packed_linear_layers_compute_what_autocast_linear_computes(tiny_model_dir: Path) -> None:
+    import torch
+
+    from tasks.models import PackedLinear, load_base_model, packed_for_inference, packing_available
+
+    assert packing_available(torch.bfloat16)  # this CPU build of torch has oneDNN
+    model = load_base_model(tiny_model_dir).eval()
+    inputs = torch.randint(3, 40, (3, 11))
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(input_ids=inputs).logits
+        with packed_for_inference(model, "bf16"):
+            assert not any(type(m) is torch.nn.Linear for m in model.modules())
+            assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
+            packed = model(input_ids=inputs).logits
+    assert torch.allclose(packed.float(), expected.float(), atol=1e-2), float((packed - expected).abs().max())
+    assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears  # the originals are back

@@ -80,12 +80,14 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
     tokenizer = load_tokenizer(tiny_model_dir)
     rows = read_jsonl(tiny_split.train_path)[:4]
     rewards, _ = build_reward_functions(tiny_config.rewards)
+    # fp32, so that the comparison is exact up to summation order (bf16 autocast would round both paths).
+    fp32 = tiny_config.model_copy(update={"model": tiny_config.model.model_copy(update={"precision": "fp32"})})
     trainer = SharedPrefillGRPOTrainer(
         precision="fp32",
         model=load_policy(tiny_model_dir, tiny_adapter, trainable=True),
         reward_funcs=rewards,
         args=GRPOConfig(
-            **common_trainer_args(tiny_config, tmp_path / "out"),
+            **common_trainer_args(fp32, tmp_path / "out"),
             per_device_train_batch_size=8,
             num_generations=4,
             max_completion_length=6,
@@ -95,16 +97,36 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
         processing_class=tokenizer,
     )
     model = trainer.model
-    input_ids = torch.randint(3, 40, (3, 12))
+    # A GRPO batch: two prompts (one left-padded) of three samples each, completions right-padded.
+    prompts = torch.randint(3, 40, (2, 7)).repeat_interleave(3, dim=0)
+    input_ids = torch.cat([prompts, torch.randint(3, 40, (6, 5))], dim=1)
     attention = torch.ones_like(input_ids)
-    attention[0, :4] = 0  # left padding
-    ours, our_entropy, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, None, True)
-    theirs, their_entropy, _ = super(SharedPrefillGRPOTrainer, trainer)._get_per_token_logps_and_entropies(
-        model, input_ids, attention, 5, None, True
+    attention[:3, :4] = 0  # left padding of the first prompt
+    attention[1, -2:] = 0  # a completion that ended early
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+
+    def logps_and_grads(compute):  # noqa: ANN001, ANN202
+        model.zero_grad()
+        logps, entropy, _ = compute(model, input_ids, attention, 5, None, True)
+        kept = attention[:, -5:]  # TRL zeroes padded completion positions; the loss never reads them
+        (logps * kept).sum().backward()
+        return (logps * kept).detach(), (entropy * kept).detach(), [p.grad.clone() for p in lora]
+
+    ours, our_entropy, our_grads = logps_and_grads(trainer._get_per_token_logps_and_entropies)
+    theirs, their_entropy, their_grads = logps_and_grads(
+        super(SharedPrefillGRPOTrainer, trainer)._get_per_token_logps_and_entropies
     )
     assert torch.allclose(ours, theirs, atol=1e-4) and torch.allclose(our_entropy, their_entropy, atol=1e-4)
-    chunked, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, 2, False)
-    assert torch.allclose(chunked, ours, atol=1e-5)  # TRL's batch_size chunking gives the same values
+    # The shared prompt's gradient is the sum over its samples: the LoRA gradients agree with TRL's.
+    assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-3) for a, b in zip(our_grads, their_grads, strict=True))
+    assert any(g.abs().sum() > 0 for g in our_grads)
+    with torch.no_grad():
+        chunked, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, 2, False)
+        unshared, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids[[0, 3]], attention[[0, 3]], 5)
+    assert torch.allclose(
+        chunked * attention[:, -5:], ours, atol=1e-5
+    )  # TRL's batch_size chunking (runs split across chunks)
+    assert torch.allclose(unshared, ours[[0, 3]], atol=1e-5)  # no run: one plain pass
 
     prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
     completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)
