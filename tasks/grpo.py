@@ -15,7 +15,7 @@ from prefect import task
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
 from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
 from tasks.caching import stage_cache_key
@@ -100,47 +100,50 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
-def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-    """Lengths of the runs of equal rows (same tokens, same padding): a GRPO batch holds each prompt once per
-    sample, in a row.
+def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that hold distinct prompts (same tokens and padding), and for each row which of them it holds.
+    A GRPO batch has each prompt once per sample, in an order TRL shuffles.
 
-    >>> prompt_runs(torch.tensor([[1, 2], [1, 2], [0, 3], [1, 2]]), torch.tensor([[1, 1], [1, 1], [0, 1], [1, 1]]))
-    tensor([2, 1, 1])
+    >>> firsts, of_row = shared_prompts(torch.tensor([[1, 2], [0, 3], [1, 2], [1, 2]]), torch.ones(4, 2))
+    >>> firsts.tolist(), of_row.tolist()
+    ([0, 1], [0, 1, 0, 0])
     """
-    same = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1) & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)
-    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same]).nonzero().flatten()
-    ends = torch.cat([starts[1:], torch.tensor([prompt_ids.size(0)], device=starts.device)])
-    return ends - starts
+    _, of_row = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
+                             return_inverse=True)  # fmt: skip
+    rows = torch.arange(prompt_ids.size(0), device=prompt_ids.device)
+    firsts = torch.full((int(of_row.max()) + 1,), prompt_ids.size(0), dtype=torch.long, device=rows.device)
+    firsts = firsts.scatter_reduce(0, of_row, rows, reduce="amin")
+    order = firsts.argsort()  # number the prompts in order of first appearance
+    return firsts[order], order.argsort()[of_row]
 
 
 def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Any:
     """The logits that predict the last ``logits_to_keep`` tokens of each row (rows × tokens × vocab), the same as
-    ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each run of
-    equal prompts encoded once: the prompt's KV cache (and its gradient) is shared by the run's completions, so
-    a group of G samples costs one prompt plus G completions instead of G of each. Positions are those of the
-    single call (counted over the padded row), so the values agree to rounding.
+    ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each distinct
+    prompt encoded once: its KV cache (and its gradient) is shared by the rows that continue it, so a group of G
+    samples costs one prompt plus G completions instead of G of each. Positions are those of the single call
+    (counted over the padded row), so the values agree to rounding.
     """
     from transformers import DynamicCache
 
     prompt_length = input_ids.size(1) - logits_to_keep
     prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
-    runs = prompt_runs(prompts, prompt_mask) if prompt_length > 0 else None
-    if runs is None or len(runs) == input_ids.size(0):  # nothing shared: one plain pass
+    firsts, of_row = shared_prompts(prompts, prompt_mask) if prompt_length > 0 else (None, None)
+    if firsts is None or len(firsts) == input_ids.size(0):  # nothing shared: one plain pass
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits[
             :, :-1
         ]
-    first_rows = runs.cumsum(0) - runs
     cache = DynamicCache()
     head = model(
-        input_ids=prompts[first_rows],
-        attention_mask=prompt_mask[first_rows],
+        input_ids=prompts[firsts],
+        attention_mask=prompt_mask[firsts],
         cache=cache,
         use_cache=True,
         logits_to_keep=1,
-    ).logits.repeat_interleave(runs, dim=0)
+    ).logits[of_row]
     if logits_to_keep == 1:
         return head
-    cache.batch_repeat_interleave(runs)  # differentiable: the runs' gradients sum into the shared prompt
+    cache.batch_select_indices(of_row)  # differentiable: the rows' gradients sum into their shared prompt
     tail = model(
         input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
         attention_mask=attention_mask[:, :-1],
@@ -191,10 +194,15 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
             ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
             with self.accelerator.autocast():
                 logits = completion_logits(model, ids, mask, logits_to_keep)
-            logits = logits.float() / self.temperature
-            all_logps.append(selective_log_softmax(logits, ids[:, -logits_to_keep:]))
-            if compute_entropy:
-                all_entropies.append(entropy_from_logits(logits))
+            logits, targets = logits.float(), ids[:, -logits_to_keep:]
+            if compute_entropy:  # the entropy needs a gradient only when the loss has an entropy bonus
+                logps, entropy = selective_log_softmax_and_entropy(
+                    logits, targets, getattr(self, "_entropy_bonus_enabled", True), self.temperature
+                )
+                all_entropies.append(entropy)
+            else:
+                logps = selective_log_softmax(logits, targets, self.temperature)
+            all_logps.append(logps)
         entropies = torch.cat(all_entropies) if compute_entropy else None
         return torch.cat(all_logps), entropies, None
 

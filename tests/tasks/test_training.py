@@ -97,11 +97,12 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
         processing_class=tokenizer,
     )
     model = trainer.model
-    # A GRPO batch: two prompts (one left-padded) of three samples each, completions right-padded.
-    prompts = torch.randint(3, 40, (2, 7)).repeat_interleave(3, dim=0)
+    # A GRPO batch as TRL shuffles it: two prompts (one left-padded) of three samples each, completions
+    # right-padded.
+    prompts = torch.randint(3, 40, (2, 7))[[0, 1, 0, 1, 1, 0]]
     input_ids = torch.cat([prompts, torch.randint(3, 40, (6, 5))], dim=1)
     attention = torch.ones_like(input_ids)
-    attention[:3, :4] = 0  # left padding of the first prompt
+    attention[[0, 2, 5], :4] = 0  # left padding of the first prompt
     attention[1, -2:] = 0  # a completion that ended early
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
 
@@ -123,10 +124,8 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
     with torch.no_grad():
         chunked, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5, 2, False)
         unshared, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids[[0, 3]], attention[[0, 3]], 5)
-    assert torch.allclose(
-        chunked * attention[:, -5:], ours, atol=1e-5
-    )  # TRL's batch_size chunking (runs split across chunks)
-    assert torch.allclose(unshared, ours[[0, 3]], atol=1e-5)  # no run: one plain pass
+    assert torch.allclose(chunked * attention[:, -5:], ours, atol=1e-5)  # TRL's batch_size chunking
+    assert torch.allclose(unshared, ours[[0, 3]], atol=1e-5)  # two distinct prompts: one plain pass
 
     prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
     completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)
