@@ -7,14 +7,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from prefect import task
 
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
-from tasks.models import load_base_model, load_tokenizer
+from tasks.models import load_base_model, load_tokenizer, resolve_dtype, store_frozen_in
 from tasks.tracking import Tracker
-from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
+from tasks.training import (
+    MetricsHistory,
+    TrainResult,
+    common_trainer_args,
+    lora_config,
+    resumable_checkpoint,
+    score_only_labelled_positions,
+)
 
 
 def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, str]]:
@@ -62,9 +70,12 @@ def run_sft(
         peft_config=lora_config(config),
         callbacks=[recorder, *callbacks],
     )
+    if resolve_dtype(config.model.precision) == torch.bfloat16:
+        store_frozen_in(trainer.model, torch.bfloat16)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / "checkpoints")
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    with score_only_labelled_positions():
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     adapter_dir = stage_dir / "adapter"
     trainer.save_model(str(adapter_dir))
     return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)

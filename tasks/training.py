@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,25 @@ def resumable_checkpoint(checkpoints_dir: Path) -> Path | None:
         logger.info("resuming from %s", path)
         return path
     return None
+
+
+@contextlib.contextmanager
+def score_only_labelled_positions() -> Iterator[None]:
+    """Let TRL's fused LM head score only the positions that have a label, on CPU too.
+
+    TRL does so on Triton devices; elsewhere it scores every position so that tile shapes stay fixed for
+    compilers (Neuron). Nothing is compiled on CPU, and with a completion-only SFT loss about one position in
+    five has a label: on SmolLM2-135M, 16 rows × 50 tokens, the head and its loss were half of an SFT step.
+    The values are the same (a test checks the loss). Where TRL lacks the hook this changes nothing.
+    """
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None:
+        yield
+        return
+    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original

@@ -133,3 +133,43 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
     assert all(0 < len(c) <= 6 for c in completions)
     eos = set(trainer.eos_token_ids)
     assert all(token not in eos for c in completions for token in c[:-1])  # cut after the first EOS
+
+
+def test_scoring_only_labelled_positions_keeps_the_sft_loss(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
+    """On CPU the fused LM head scores only the completion positions; loss and gradients stay TRL's."""
+    import trl.trainer.utils as trl_utils
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from tasks.data import read_jsonl
+    from tasks.models import load_base_model, load_tokenizer
+    from tasks.sft import sft_examples
+    from tasks.training import common_trainer_args, lora_config, score_only_labelled_positions
+
+    fp32 = tiny_config.model_copy(update={"model": tiny_config.model.model_copy(update={"precision": "fp32"})})
+    tokenizer = load_tokenizer(tiny_model_dir)
+    trainer = SFTTrainer(
+        model=load_base_model(tiny_model_dir),
+        args=SFTConfig(**common_trainer_args(fp32, tmp_path / "out"), max_steps=1, completion_only_loss=True),
+        train_dataset=Dataset.from_list(sft_examples(read_jsonl(tiny_split.train_path)[:8], tokenizer, fp32)),
+        processing_class=tokenizer,
+        peft_config=lora_config(fp32),
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    lora = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+
+    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, dict(batch))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in lora]
+
+    every_position = loss_and_grads()
+    assert not trl_utils._use_triton(torch.device("cpu"))
+    with score_only_labelled_positions():
+        assert trl_utils._use_triton(torch.device("cpu"))  # the compact path is taken ...
+        labelled_only = loss_and_grads()
+    assert not trl_utils._use_triton(torch.device("cpu"))  # ... and TRL is left as it was
+    assert torch.allclose(every_position[0], labelled_only[0], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(every_position[1], labelled_only[1], strict=True))
+    assert any(g.abs().sum() > 0 for g in labelled_only[1])
