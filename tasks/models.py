@@ -165,9 +165,9 @@ def bf16_supported() -> bool:
 def resolve_dtype(precision: str) -> torch.dtype:
     """The compute dtype for a config precision; ``auto`` picks bf16 where the hardware multiplies it natively.
 
-    Weights stay fp32 (the master copy the optimizer updates); bf16 means bf16 autocast for the matrix
-    products. Measured on a 2-core AVX-512-BF16 CPU, that is faster than bf16 weights: LoRA's fp32 adapters
-    over a bf16 base cost more in casts than they save.
+    The trained weights (LoRA adapters) stay fp32, the master copy the optimizer updates; bf16 means bf16
+    autocast for the matrix products, with the frozen base weights stored in bf16 (``store_frozen_in``), which
+    autocast would cast to bf16 on every product anyway.
 
     >>> resolve_dtype("fp32")
     torch.float32
