@@ -108,8 +108,8 @@ def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple
     >>> firsts.tolist(), of_row.tolist()
     ([0, 1], [0, 1, 0, 0])
     """
-    _, of_row = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1), dim=0,
-                             return_inverse=True)  # fmt: skip
+    rows_with_padding = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, of_row = torch.unique(rows_with_padding, dim=0, return_inverse=True)
     rows = torch.arange(prompt_ids.size(0), device=prompt_ids.device)
     firsts = torch.full((int(of_row.max()) + 1,), prompt_ids.size(0), dtype=torch.long, device=rows.device)
     firsts = firsts.scatter_reduce(0, of_row, rows, reduce="amin")
@@ -154,13 +154,14 @@ def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch
 
 
 class SharedPrefillGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer whose transformers generation prefills each prompt once for its whole group.
+    """TRL's GRPOTrainer that encodes each prompt once for its whole group, in generation and in training.
 
-    TRL puts each prompt ``num_generations`` times in the generation batch and ``generate`` encodes every copy,
-    through the PEFT wrappers, in fp32. Here the copies share one prefill (its KV cache is copied), and sampling
-    runs on a plain copy of the policy with the LoRA deltas folded in, in the compute precision (bf16 weights
-    where ``auto``/``bf16`` picks bf16), refreshed once per optimizer step. vLLM, multimodal, tool-calling and
-    multi-process runs keep TRL's own path.
+    TRL puts each prompt ``num_generations`` times in the batch and encodes every copy. Here, in generation,
+    the copies share one prefill (its KV cache is copied), and sampling runs on a plain copy of the policy with
+    the LoRA deltas folded in (``MergedCopy``), in the compute precision, refreshed once per optimizer step; in
+    the loss, the copies share one encoding of the prompt and its gradient (``completion_logits``). vLLM,
+    multimodal, tool-calling and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own
+    (its fused LM-head kernel).
     """
 
     def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
