@@ -3,8 +3,8 @@
 Prompts are tokenized once, sorted by length so each batch pads little, and left-padded. Each prompt is
 prefilled once: its KV cache is then copied to its ``n`` samples, so the prompt is not recomputed per sample.
 Decoding uses the KV cache and a batch stops as soon as every sequence has hit EOS. With ``precision="bf16"``
-the matrix products run under bf16 autocast, and the linear layers' weights are packed once per call
-(``packed_for_inference``) rather than re-laid out on every product.
+the matrix products run under bf16 autocast, and the linear layers' weights are packed for oneDNN once per
+call (``packed_for_inference``) rather than prepared on every product.
 
 The decoding loop is this module's own (``_decode``) for the settings GRPO and evaluation use (temperature,
 top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which on CPU took 16 ms per step
@@ -162,7 +162,11 @@ def decodable(generation_config: Any) -> bool:
     False
     """
     settings = generation_config.to_diff_dict()
-    return set(settings) <= _DECODE_SETTINGS and settings.get("repetition_penalty", 1.0) in (None, 1.0)
+    return (
+        set(settings) <= _DECODE_SETTINGS
+        and settings.get("max_new_tokens") is not None
+        and settings.get("repetition_penalty", 1.0) in (None, 1.0)
+    )
 
 
 def next_tokens(
@@ -190,8 +194,10 @@ def next_tokens(
         logits = logits.masked_fill(logits < threshold, float("-inf"))
     if top_p is not None and top_p < 1.0:
         ordered, order = logits.sort(dim=-1, descending=True)
-        after = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)  # mass before each token
-        drop = (after >= top_p).scatter(-1, order, after >= top_p)  # as transformers: keep the smallest set
+        sorted_probabilities = ordered.softmax(dim=-1)
+        mass_before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
+        drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probabilities = logits.softmax(dim=-1)
     if min_p:
@@ -220,7 +226,7 @@ def _sample_with_shared_prefill(
     input_ids, attention = input_ids.to(device), attention.to(device)
     if decodable(generation_config):
         return _decode(model, input_ids, attention, samples, pad_id, generation_config)
-    cache = _shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
+    cache, _ = _shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
         attention_mask=attention.repeat_interleave(samples, dim=0),
@@ -244,8 +250,7 @@ def _decode(
         "top_p": config.top_p,
         "min_p": config.min_p,
     }
-    cache = _shared_prefill(model, input_ids, attention, samples, keep_logits=True)
-    logits = cache.last_logits
+    cache, logits = _shared_prefill(model, input_ids, attention, samples)
     attention = attention.repeat_interleave(samples, dim=0)
     positions = attention.sum(dim=-1, keepdim=True)
     done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
@@ -269,15 +274,15 @@ def _as_list(value: int | Sequence[int] | None) -> list[int]:
 
 
 def _shared_prefill(
-    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, keep_logits: bool = False
-) -> DynamicCache:
-    """Run the prompts once and copy the cache to each of their ``samples`` rows; with ``keep_logits`` the last
-    position's logits are kept too (as ``cache.last_logits``, one row per sample).
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int
+) -> tuple[DynamicCache, torch.Tensor | None]:
+    """Run the prompts once and copy the cache to each of their ``samples`` rows; returns it with the last
+    position's logits, one row per sample (``None`` for empty prompts).
 
     Positions follow the left padding exactly as ``generate`` computes them, so outputs do not change.
     """
     cache = DynamicCache(config=model.config)
-    cache.last_logits = None
+    last_logits = None
     if input_ids.shape[1] > 0:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         output = model(
@@ -288,8 +293,7 @@ def _shared_prefill(
             use_cache=True,
             logits_to_keep=1,
         )
-        if keep_logits:
-            cache.last_logits = output.logits[:, -1].repeat_interleave(samples, dim=0)
+        last_logits = output.logits[:, -1].repeat_interleave(samples, dim=0)
     if samples > 1:
         cache.batch_repeat_interleave(samples)
-    return cache
+    return cache, last_logits

@@ -294,8 +294,6 @@ def run_grpo(
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
-    if sft_adapter_dir is not None and resolve_dtype(config.model.precision) == torch.bfloat16:
-        store_frozen_in(model, torch.bfloat16)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
     backend = resolve_backend(settings.generation.backend)
@@ -337,6 +335,7 @@ def run_grpo(
             *callbacks,
         ],
     )
+    store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / "checkpoints")
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

@@ -226,13 +226,16 @@ def load_base_model(model_dir: Path | str) -> Any:
     return model.to(device())
 
 
-def store_frozen_in(model: Any, dtype: torch.dtype) -> int:
-    """Store the frozen weights of ``model``'s LoRA base layers in ``dtype`` (the autocast dtype); returns how
-    many. Under autocast every matrix product casts its weight to bf16 on each call; stored in bf16 the cast is
-    gone and the products are bit-identical. Embeddings, norms and the adapters keep fp32.
+def store_frozen_in(model: Any, precision: str) -> int:
+    """Store the frozen weights of ``model``'s LoRA base layers in the compute dtype when it is bf16; returns
+    how many. Under autocast every matrix product casts its weight to bf16 on each call; stored in bf16 the cast
+    is gone and the products are bit-identical. Embeddings, norms and the adapters keep fp32.
     """
     from peft.tuners.lora import LoraLayer
 
+    dtype = resolve_dtype(precision)
+    if dtype == torch.float32:
+        return 0
     count = 0
     for module in model.modules():
         if isinstance(module, LoraLayer):

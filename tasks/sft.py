@@ -7,13 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import task
 
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
-from tasks.models import load_base_model, load_tokenizer, resolve_dtype, store_frozen_in
+from tasks.models import load_base_model, load_tokenizer, store_frozen_in
 from tasks.tracking import Tracker
 from tasks.training import (
     MetricsHistory,
@@ -70,8 +69,7 @@ def run_sft(
         peft_config=lora_config(config),
         callbacks=[recorder, *callbacks],
     )
-    if resolve_dtype(config.model.precision) == torch.bfloat16:
-        store_frozen_in(trainer.model, torch.bfloat16)
+    store_frozen_in(trainer.model, config.model.precision)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / "checkpoints")
     with score_only_labelled_positions():
