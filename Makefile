@@ -2,11 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# No Hub on this machine; telemetry and other runtime defaults are set by the package itself (tasks/__init__.py).
 export HF_HUB_OFFLINE ?= 1
-export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
-export MLFLOW_DISABLE_TELEMETRY ?= true
-export DO_NOT_TRACK ?= 1
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: install sandbox-deps demo test lint bench clean
 

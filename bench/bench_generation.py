@@ -18,7 +18,8 @@ import torch  # noqa: E402
 from tasks.config import ArithmeticSettings  # noqa: E402
 from tasks.data import arithmetic_rows, render_prompt  # noqa: E402
 from tasks.generation import GenerationStats, generate_completions  # noqa: E402
-from tasks.models import SMOLLM2, load_base_model, load_tokenizer, resolve_model_source  # noqa: E402
+from tasks.models import load_base_model, load_tokenizer  # noqa: E402
+from tasks.sources import SMOLLM2, resolve_model_source  # noqa: E402
 
 PROMPTS, SAMPLES, NEW_TOKENS = 32, 8, 16
 

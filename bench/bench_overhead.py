@@ -24,8 +24,10 @@ import tasks  # noqa: E402,F401  (telemetry off)
 from reward_fns.registry import build_reward_functions  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.grpo import grpo_examples, grpo_task, run_grpo  # noqa: E402
-from tasks.models import load_policy, load_tokenizer, resolve_model_source  # noqa: E402
-from tasks.tracking import finish_pipeline, start_pipeline  # noqa: E402
+from tasks.layout import RunLayout  # noqa: E402
+from tasks.models import load_policy, load_tokenizer  # noqa: E402
+from tasks.runs import finish_pipeline, start_pipeline  # noqa: E402
+from tasks.sources import resolve_model_source  # noqa: E402
 from tasks.training import common_trainer_args, lora_config  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
@@ -67,7 +69,7 @@ def plain_grpoflow(config, train_path: Path, base: Path, out: Path) -> tuple[flo
 @flow(name="bench-overhead")
 def orchestrated(config, train_path: Path, base: Path) -> tuple[float, list[float]]:
     started = time.perf_counter()
-    tracker = start_pipeline(config, "bench-overhead", config.output_dir / "bench-overhead")
+    tracker = start_pipeline(config, RunLayout(config.output_dir / "bench-overhead"))
     result = grpo_task(config, tracker, train_path, base, None)
     finish_pipeline(tracker, "FINISHED")
     return time.perf_counter() - started, [entry["step_time"] for entry in result.history if "step_time" in entry]

@@ -16,7 +16,8 @@ import time
 
 from reward_fns.math import parse_gold
 from tasks.config import DataSettings
-from tasks.validate import holdout_side, validate_rows
+from tasks.rows import holdout_side
+from tasks.validate import validate_rows
 
 
 def latex_answer(rng: random.Random) -> str:

@@ -1,4 +1,5 @@
-"""The ``grpoflow`` command: maps commands onto the flows and the stage functions."""
+"""The ``grpoflow`` command: maps commands onto the flows and the stage functions.
+Must not hold stage logic: it parses, calls a flow or a stage function, and prints."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 import tasks  # noqa: F401  (sets telemetry-off defaults before Prefect or MLflow load)
 from tasks.config import ConfigError, PipelineConfig, load_config
+from tasks.layout import RunLayout, command_dir
 
 app = typer.Typer(add_completion=False, help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote.")
 console = Console()
@@ -65,14 +67,14 @@ def run(
     _setup_logging()
     cfg = _config(config, set_, seed=seed)
     if resume:
-        snapshot = cfg.output_dir / resume / "config.json"
+        snapshot = RunLayout.of(cfg.output_dir, resume).config_snapshot
         if not snapshot.is_file():
             console.print(f"[red]no pipeline run {resume!r} to resume: {snapshot} does not exist[/red]")
             raise typer.Exit(2)
         cfg = PipelineConfig.model_validate_json(snapshot.read_text())
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
     run_name = resume or run_id or new_run_id(cfg)
-    console.print(f"[bold]grpoflow run[/bold] {run_name} → {cfg.output_dir / run_name}")
+    console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")
     try:
         summary = pipeline(cfg, run_name)
     except NoLearningSignal as exc:
@@ -144,7 +146,7 @@ def _validated(cfg: PipelineConfig, show: bool = False) -> Any:
     """Run the validate stage into ``output_dir/validate`` for a standalone command; exit 1 past the limits."""
     from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate
 
-    result = run_validate(cfg, cfg.output_dir / "validate")
+    result = run_validate(cfg, command_dir(cfg.output_dir, "validate"))
     if show:
         console.print_json(json.dumps(result.to_json()))
     try:
@@ -168,16 +170,15 @@ def probe(
     set_: SetOption = None,
 ) -> None:
     """Probe the reward distribution of the base model (or base + adapter) on the train split."""
-    from tasks.models import resolve_model_source
     from tasks.probe import gate_message, probe_verdict, run_probe, sample_completions
+    from tasks.sources import resolve_model_source
 
     _setup_logging()
     cfg = _config(config, set_)
     data = _validated(cfg)
     label = "adapter" if adapter else "base"
-    result = run_probe(
-        cfg, data.train_path, resolve_model_source(cfg.model.source), adapter, cfg.output_dir / "probe", label
-    )
+    base_dir, stage_dir = resolve_model_source(cfg.model.source), command_dir(cfg.output_dir, "probe")
+    result = run_probe(cfg, data.train_path, base_dir, adapter, stage_dir, label)
     message = gate_message(result, cfg.probe.min_signal_share, sample_completions(result))
     result.verdict = probe_verdict(result, message, gates=True)
     console.print_json(json.dumps(result.to_json()))
@@ -211,8 +212,9 @@ def generate(
     """Answer a prompt with a registered adapter (base model read from the version's tag)."""
     from tasks.data import render_prompt
     from tasks.generation import generate_completions
-    from tasks.models import load_policy, load_tokenizer, resolve_model_source
-    from tasks.tracking import fetch_adapter
+    from tasks.models import load_policy, load_tokenizer
+    from tasks.registry import fetch_adapter
+    from tasks.sources import resolve_model_source
 
     cfg = _config(config)
     import tempfile
@@ -238,17 +240,17 @@ def evaluate(
 ) -> None:
     """Evaluate a registered adapter alone on the config's hold-out split (and the base model beside it)."""
     from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate
-    from tasks.models import resolve_model_source
-    from tasks.tracking import fetch_adapter
+    from tasks.registry import fetch_adapter
+    from tasks.sources import resolve_model_source
 
     _setup_logging()
     cfg = _config(config, set_)
     data = _validated(cfg)
-    scratch = cfg.output_dir / "evaluate-registered"
+    scratch = command_dir(cfg.output_dir, "evaluate")
     base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, scratch / "download")
     base_dir = resolve_model_source(base)
-    specs = [ModelSpec("base", base_dir), ModelSpec(f"v{version.version}", base_dir, adapter_dir)]
-    result = run_evaluate(cfg, data.holdout_path, specs, scratch)
+    models = {"base": ModelSpec("base", base_dir), "candidate": ModelSpec(f"v{version.version}", base_dir, adapter_dir)}
+    result = run_evaluate(cfg, data.holdout_path, models, scratch)
     table = Table(title=f"{model} on {data.rows_holdout} hold-out rows")
     rows = evaluation_table(result)
     for column in rows[0]:
@@ -269,7 +271,7 @@ def export(
     import tempfile
 
     from tasks.models import export_merged
-    from tasks.tracking import fetch_adapter
+    from tasks.registry import fetch_adapter
 
     cfg = _config(config)
     with tempfile.TemporaryDirectory() as scratch:

@@ -1,4 +1,5 @@
-"""Entry points for Prefect deployments, which pass plain parameters (a config path) rather than objects."""
+"""Entry points for Prefect deployments, which pass plain parameters (a config path) rather than objects.
+Must not hold stage logic: it loads the config and calls the pipeline flow."""
 
 from __future__ import annotations
 

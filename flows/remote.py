@@ -1,5 +1,7 @@
 """The GRPO stage as its own flow, for a deployment on another work pool (a GPU worker): it shares no local
-path with the pipeline; inputs and the adapter travel through the MLflow artifact store."""
+path with the pipeline; inputs and the adapter travel through the MLflow artifact store. Its parameters are
+``tasks.layout.RemoteGrpoRequest``'s fields (the names the deployment in ``infra/prefect.yaml`` takes).
+Must not hold stage logic: it fetches inputs, calls the GRPO task, hands the adapter back."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from typing import Any
 
 from prefect import flow
 
+from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.grpo import grpo_task
-from tasks.models import resolve_model_task
-from tasks.tracking import Tracker, handoff_download, handoff_upload
+from tasks.handoff import handoff_download, handoff_upload
+from tasks.layout import HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, RemoteGrpoRequest
+from tasks.runs import Tracker
 
 
 @flow(name="grpoflow-grpo", flow_run_name="{run_id}-grpo", validate_parameters=False)
@@ -29,20 +33,21 @@ def grpo_remote_flow(
 ) -> dict[str, Any]:
     """Fetch the training file and SFT adapter, run the GRPO stage under the pipeline's MLflow parent run, and
     hand the adapter back. Called by the pipeline through ``run_deployment``."""
-    settings = PipelineConfig.model_validate(config)
+    request = RemoteGrpoRequest(
+        config, run_id, tracking_uri, experiment_id, parent_run_id, train_file, has_sft_adapter, keep_ids
+    )
+    settings = PipelineConfig.model_validate(request.config)
     workdir = Path(tempfile.mkdtemp(prefix=f"grpoflow-{run_id}-grpo-"))
     try:
         inputs = workdir / "inputs"
-        train_path = handoff_download(tracking_uri, parent_run_id, f"grpo_inputs/train/{train_file}", inputs)
+        train_path = handoff_download(tracking_uri, parent_run_id, request.train_artifact, inputs)
         sft_adapter = (
-            handoff_download(tracking_uri, parent_run_id, "grpo_inputs/sft_adapter", inputs)
-            if has_sft_adapter
-            else None
+            handoff_download(tracking_uri, parent_run_id, HANDOFF_SFT_ADAPTER, inputs) if has_sft_adapter else None
         )
         base_dir = resolve_model_task(settings.model.source, settings.model.revision)
-        tracker = Tracker(tracking_uri, experiment_id, parent_run_id, run_id, workdir / "run")
+        tracker = Tracker(tracking_uri, experiment_id, parent_run_id, run_id, workdir / run_id)
         result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, set(keep_ids) if keep_ids else None)
-        handoff_upload(tracker, result.adapter_dir, "grpo_output/adapter")
+        handoff_upload(tracker, result.adapter_dir, HANDOFF_GRPO_ADAPTER)
         return {"steps": result.steps, "seconds": result.seconds, "worker_dir": str(workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,10 +1,11 @@
-"""The rollback flow: move ``champion`` back; deployable, so it can be clicked in the Prefect UI."""
+"""The rollback flow: move ``champion`` back; deployable, so it can be clicked in the Prefect UI.
+Must not import: torch, transformers (it loads only ``tasks/registry.py``)."""
 
 from __future__ import annotations
 
 from prefect import flow
 
-from tasks.tracking import client_for, rollback_champion
+from tasks.registry import client_for, rollback_champion
 
 
 @flow(name="grpoflow-rollback", flow_run_name="rollback-{name}")

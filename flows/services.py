@@ -2,6 +2,7 @@
 
 Both servers bind 127.0.0.1 and keep their data under one folder (default: the config's output dir /
 ``services``), so a laptop gets the same UIs a team gets from the compose stack in ``infra/``.
+Must not import: torch, transformers, the stages (it starts servers and registers deployments).
 """
 
 from __future__ import annotations
@@ -20,18 +21,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks import TELEMETRY_OFF
+
 logger = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = PROJECT_ROOT / "infra" / "prefect.yaml"
 CPU_POOL = "grpoflow-cpu"
 GPU_POOL = "grpoflow-gpu"
-TELEMETRY_OFF = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-}
+# What the servers and workers started here get on top of this process's environment.
+SERVICE_ENV = {**TELEMETRY_OFF, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
 
 
 class ServiceError(RuntimeError):
@@ -54,7 +53,7 @@ class Services:
     def env(self) -> dict[str, str]:
         """Environment for clients and workers of these servers."""
         return {
-            **TELEMETRY_OFF,
+            **SERVICE_ENV,
             "PREFECT_API_URL": self.prefect_api_url,
             "MLFLOW_TRACKING_URI": self.mlflow_url,
             "GRPOFLOW_HOME": str(PROJECT_ROOT),
@@ -121,7 +120,7 @@ def start_services(
     (home / "prefect").mkdir(parents=True, exist_ok=True)
     (home / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
     services = Services(f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}", home)
-    base_env = {**os.environ, **TELEMETRY_OFF}
+    base_env = {**os.environ, **SERVICE_ENV}
     commands = {
         "prefect": (
             [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
@@ -182,7 +181,7 @@ def ensure_work_pool(name: str = CPU_POOL, pool_type: str = "process", env: dict
 def deploy(prefect_file: Path = PREFECT_FILE, env: dict[str, str] | None = None) -> list[str]:
     """Register every deployment of ``prefect_file`` (the pipeline on its schedule, rollback, GRPO) with the
     Prefect server at ``PREFECT_API_URL``, creating the CPU work pool first; returns their names."""
-    environment = {**os.environ, **TELEMETRY_OFF, "GRPOFLOW_HOME": str(PROJECT_ROOT), **(env or {})}
+    environment = {**os.environ, **SERVICE_ENV, "GRPOFLOW_HOME": str(PROJECT_ROOT), **(env or {})}
     if not environment.get("PREFECT_API_URL"):
         raise ServiceError("no Prefect server to deploy to: start one with `grpoflow up` and set PREFECT_API_URL")
     for pool in (CPU_POOL, GPU_POOL):  # an existing pool (e.g. a Kubernetes GPU pool) is left as it is

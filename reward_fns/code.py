@@ -3,6 +3,7 @@
 A row carries ``tests`` (Python: ``assert`` lines, ``test_*`` functions, ``unittest.TestCase`` classes, or a
 HumanEval ``check(candidate)`` function with the row's ``entry_point``) and optionally ``code_prefix`` (code placed
 before the completion, e.g. HumanEval's signature and imports).
+Must not import: Prefect, MLflow, torch, ``tasks``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Format rewards: does the completion use the answer format the task expects?"""
+"""Format rewards: does the completion use the answer format the task expects?
+Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""JSON rewards: the completion parses as JSON, validates against the row's schema, or equals the answer."""
+"""JSON rewards: the completion parses as JSON, validates against the row's schema, or equals the answer.
+Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Exact-answer and label rewards."""
+"""Exact-answer and label rewards.
+Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Length rewards: shape how long completions are."""
+"""Length rewards: shape how long completions are.
+Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 

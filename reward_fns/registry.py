@@ -1,5 +1,7 @@
 """Reward functions by name, user functions by import path, and the isolation wrapper TRL calls.
 
+Must not import: Prefect, MLflow, torch, ``tasks`` (the config's reward specs arrive as plain objects).
+
 >>> funcs, weights = build_reward_functions([{"name": "math_accuracy"}, {"name": "boxed_format", "weight": 0.2}])
 >>> [f.__name__ for f in funcs], weights
 (['math_accuracy', 'boxed_format'], [1.0, 0.2])

@@ -8,6 +8,8 @@ the run in a cgroup with a pids limit where the machine has one, kills everythin
 at most ``output_bytes`` of stdout/stderr, and accepts a pass only from the harness's final record carrying the
 run's random nonce.
 
+Must not import: anything outside the standard library and its two sibling modules.
+
 >>> sandbox = Sandbox()
 >>> sandbox.run(SandboxJob(program="def add(a, b):\\n    return a + b", tests="assert add(2, 2) == 4")).status
 'passed'
@@ -26,22 +28,26 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Literal
+
+from reward_fns.sandbox_harness import complete_frame, encode_frame
+from reward_fns.sandbox_isolation import (
+    Isolation,
+    PidsCgroup,
+    bwrap_command,
+    cgroup_available,
+    detect_isolation,
+    unshare_command,
+)
 
 logger = logging.getLogger(__name__)
 
-HARNESS = Path(__file__).with_name("sandbox_harness.py")
-Isolation = Literal["bwrap", "unshare"]
 Status = Literal[
     "passed",
     "failed",
@@ -56,16 +62,6 @@ Status = Literal[
 ]
 # Dedicated user ids for sandboxed runs, one per parallel slot, far above any account on a normal machine.
 SANDBOX_UID_BASE = 1_800_000_000
-# The supervisor switches to the job's user and cleans up after it; everything else is dropped.
-_SUPERVISOR_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
-_PIDS_CGROUP_V1 = Path("/sys/fs/cgroup/pids")
-_CGROUP_V2 = Path("/sys/fs/cgroup")
-
-
-class SandboxUnavailable(RuntimeError):
-    """Neither bubblewrap nor unshare can create the namespaces here; model code must not run unisolated."""
-
-
 @dataclass(frozen=True)
 class SandboxLimits:
     """What one run may use. ``wall_seconds`` bounds the whole run, startup included."""
@@ -113,138 +109,6 @@ class SandboxResult:
         return self.status in ("passed", "failed")
 
 
-def _works(command: list[str]) -> bool:
-    try:
-        return subprocess.run(command, capture_output=True, timeout=20, env={}).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@lru_cache(maxsize=1)
-def _interpreter() -> tuple[str, str | None]:
-    """(path of the Python to run inside, host prefix to mount at /opt/python or None when /usr holds it)."""
-    executable = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
-    if prefix == "/usr" or prefix.startswith("/usr/"):
-        return executable, None
-    return "/opt/python/" + os.path.relpath(executable, prefix), prefix
-
-
-def _bwrap_command(workdir_bytes: int, reply_fd: int = 3) -> list[str]:
-    python, prefix = _interpreter()
-    command = ["bwrap", "--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64"):  # merged-/usr systems link these into /usr
-        path = Path("/") / name
-        if path.is_symlink():
-            command += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            command += ["--ro-bind", str(path), str(path)]
-    if prefix:
-        command += ["--perms", "0755", "--dir", "/opt", "--ro-bind", prefix, "/opt/python"]
-    command += ["--perms", "0755", "--dir", "/opt/grpoflow", "--ro-bind", str(HARNESS), "/opt/grpoflow/harness.py"]
-    command += [
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--size",
-        str(workdir_bytes),
-        "--perms",
-        "1777",
-        "--tmpfs",
-        "/work",
-        "--chdir",
-        "/work",
-    ]
-    command += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-    if os.geteuid() != 0:
-        command.append("--unshare-user")
-    # No --die-with-parent: it is tied to the thread that started bwrap. The supervisor exits when its stdin closes.
-    command += ["--hostname", "sandbox", "--new-session", "--clearenv"]
-    command += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8"]
-    if os.geteuid() == 0:  # the supervisor keeps only what _SUPERVISOR_CAPS lists
-        command += ["--cap-drop", "ALL"]
-        command += [arg for cap in _SUPERVISOR_CAPS for arg in ("--cap-add", cap)]
-    return [*command, python, "-I", "-S", "-B", "/opt/grpoflow/harness.py", str(reply_fd)]
-
-
-def _unshare_command(reply_fd: int = 3) -> list[str]:
-    command = ["unshare", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc"]
-    if os.geteuid() != 0:
-        command.insert(1, "--map-root-user")
-    return [*command, os.path.realpath(sys.executable), "-I", "-S", "-B", str(HARNESS), str(reply_fd)]
-
-
-@lru_cache(maxsize=1)
-def detect_isolation() -> Isolation:
-    """``bwrap`` when bubblewrap can create the namespaces here, else ``unshare``; raises SandboxUnavailable."""
-    if shutil.which("bwrap") and _works([*_bwrap_command(1 << 20)[:-6], "/usr/bin/true"]):
-        return "bwrap"
-    if shutil.which("unshare") and _works(["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/true"]):
-        return "unshare"
-    raise SandboxUnavailable(
-        "cannot isolate model-written code: bubblewrap is not installed (apt-get install bubblewrap) and unshare "
-        "cannot create network/PID namespaces here; code rewards refuse to run it unisolated"
-    )
-
-
-class _PidsCgroup:
-    """A per-run cgroup capping the number of processes; ``None`` from ``create`` where cgroups are not writable."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def create(cls, limit: int) -> _PidsCgroup | None:
-        name = f"grpoflow-sandbox-{uuid.uuid4().hex[:12]}"
-        for parent in (_PIDS_CGROUP_V1, _CGROUP_V2):
-            if not (parent / "cgroup.procs").exists() or (
-                parent == _CGROUP_V2 and not (parent / "cgroup.subtree_control").exists()
-            ):
-                continue
-            try:
-                path = parent / name
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "pids.max").write_text(str(limit))
-                return cls(path)
-            except OSError:
-                path.rmdir()
-        return None
-
-    @property
-    def procs_file(self) -> str:
-        return str(self.path / "cgroup.procs")
-
-    def kill_and_remove(self) -> None:
-        for _ in range(50):
-            try:
-                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            except OSError:
-                return
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        try:
-            self.path.rmdir()
-        except OSError as exc:
-            logger.warning("sandbox cgroup %s not removed: %s", self.path, exc)
-
-
-@lru_cache(maxsize=1)
-def _cgroup_available() -> bool:
-    cgroup = _PidsCgroup.create(4)
-    if cgroup is None:
-        return False
-    cgroup.kill_and_remove()
-    return True
-
-
 class _Worker:
     """One long-lived sandbox (namespaces + cgroup) whose supervisor forks a child per job.
 
@@ -254,14 +118,14 @@ class _Worker:
     def __init__(self, sandbox: Sandbox, slot: int) -> None:
         self.slot = slot
         self.uid = SANDBOX_UID_BASE + slot if os.geteuid() == 0 else None
-        self.cgroup = _PidsCgroup.create(sandbox.limits.processes + 8) if sandbox.use_cgroup else None
+        self.cgroup = PidsCgroup.create(sandbox.limits.processes + 8) if sandbox.use_cgroup else None
         self.workdir = None
         reply_read, reply_write = os.pipe()
         if sandbox.isolation == "bwrap":
-            command, cwd = _bwrap_command(sandbox.limits.workdir_mb << 20, reply_write), None
+            command, cwd = bwrap_command(sandbox.limits.workdir_mb << 20, reply_write), None
         else:
             self.workdir = tempfile.mkdtemp(prefix="grpoflow-sandbox-")
-            command, cwd = _unshare_command(reply_write), self.workdir
+            command, cwd = unshare_command(reply_write), self.workdir
         if self.cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is counted
             command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', self.cgroup.procs_file, *command]
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker; closed in close()
@@ -286,18 +150,14 @@ class _Worker:
 
     def run(self, payload: dict, timeout: float) -> dict | None:
         """Send one job and wait for its reply; None when the worker died or did not answer in time."""
-        data = json.dumps(payload).encode()
         try:
-            self.process.stdin.write(len(data).to_bytes(8, "big") + data)
+            self.process.stdin.write(encode_frame(payload))
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
         deadline = time.monotonic() + timeout
         received = b""
-        while True:
-            needed = 8 if len(received) < 8 else 8 + int.from_bytes(received[:8], "big")
-            if len(received) >= needed and len(received) > 8:
-                return json.loads(received[8:needed])
+        while (reply := complete_frame(received)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self.replies], [], [], remaining)[0]:
                 return None
@@ -305,6 +165,7 @@ class _Worker:
             if not chunk:
                 return None
             received += chunk
+        return reply
 
     def diagnostics(self) -> str:
         self.log.seek(0)
@@ -337,7 +198,7 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.isolation = isolation or detect_isolation()
-        self.use_cgroup = _cgroup_available()
+        self.use_cgroup = cgroup_available()
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._free_slots = list(range(self.workers))
         self._lock = threading.Lock()

@@ -10,6 +10,7 @@ snapshotted *before* any untrusted code runs; then an audit hook closes the ways
 
 The parent counts a pass only from the record ``<nonce> result {...}`` written after every test has run; an exit
 (``sys.exit(0)``, ``os._exit(0)``) before that is a failure, never a pass.
+Must not import: anything outside the standard library (it runs inside the sandbox).
 """
 
 import ast
@@ -359,15 +360,40 @@ def _read_exact(fd: int, size: int) -> bytes:
     return data
 
 
+# The framing both sides use (the parent imports these): 8 bytes of big-endian length, then that much JSON.
+FRAME_HEADER = 8
+
+
+def encode_frame(message: dict) -> bytes:
+    """One message as a length-prefixed JSON frame.
+
+    >>> encode_frame({"a": 1})
+    b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x08{"a": 1}'
+    """
+    data = json.dumps(message).encode()
+    return len(data).to_bytes(FRAME_HEADER, "big") + data
+
+
+def complete_frame(buffer: bytes) -> dict | None:
+    """The message at the start of ``buffer`` once it holds a whole frame, else None.
+
+    >>> complete_frame(encode_frame({"a": 1})[:-1]), complete_frame(encode_frame({"a": 1}))
+    (None, {'a': 1})
+    """
+    if len(buffer) < FRAME_HEADER:
+        return None
+    end = FRAME_HEADER + int.from_bytes(buffer[:FRAME_HEADER], "big")
+    return json.loads(buffer[FRAME_HEADER:end]) if len(buffer) >= end else None
+
+
 def read_frame(fd: int) -> dict | None:
-    """One length-prefixed JSON message, or None at end of input."""
-    header = _read_exact(fd, 8)
-    return json.loads(_read_exact(fd, int.from_bytes(header, "big"))) if header else None
+    """One frame read from ``fd`` (blocking), or None at end of input."""
+    header = _read_exact(fd, FRAME_HEADER)
+    return complete_frame(header + _read_exact(fd, int.from_bytes(header, "big"))) if header else None
 
 
 def write_frame(fd: int, message: dict) -> None:
-    data = json.dumps(message).encode()
-    data = len(data).to_bytes(8, "big") + data
+    data = encode_frame(message)
     while data:
         data = data[os.write(fd, data) :]
 

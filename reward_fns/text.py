@@ -1,4 +1,5 @@
-"""Helpers shared by reward functions: completion text and boxed-answer extraction."""
+"""Helpers shared by reward functions: completion text and boxed-answer extraction.
+Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Prefect cache keys for stages: a finished stage of a pipeline run is not recomputed when that run is
 resumed. The key is the stage, the pipeline run id, the config hash, the data source's stamp and the upstream
-outputs; a different run, config or data file never hits."""
+outputs; a different run, config or data file never hits.
+Must not import: torch, transformers, MLflow (Prefect calls the key function)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 This is the only place defaults live; ``configs/*.yaml`` override them. Loading is static: it reads the
 file and checks types and names, but touches no network, model or data file.
 
+Owns: every default. Must not import: torch, transformers, Prefect, MLflow (loading a config is static).
+
 >>> cfg = PipelineConfig.model_validate({"grpo": {"num_generations": 4, "batch_size": 8}})
 >>> cfg.grpo.num_generations, cfg.model.source
 (4, 'smollm2-135m-instruct')

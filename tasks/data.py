@@ -1,5 +1,6 @@
 """Data sources (JSONL, CSV, Parquet, a saved ``datasets`` folder, a Hub dataset, the built-in task) and the
-prompt renderer that SFT, GRPO, probe, evaluation and generation all share."""
+prompt renderer that SFT, GRPO, probe, evaluation and generation all share.
+Owns: reading sources and JSONL, rendering prompts. Must not import: Prefect, MLflow, torch."""
 
 from __future__ import annotations
 

@@ -1,16 +1,23 @@
 """Stage 5, evaluate: hold-out greedy accuracy and sampled pass@k (unbiased estimator) for every model on the
-same prompts and sampling settings, with bootstrap intervals and paired differences."""
+same prompts and sampling settings, with bootstrap intervals and paired differences.
+
+Models are handed in and results handed out by role (``ROLES``), never by position: what promotion compares
+cannot change when a list is reordered. The current champion is fetched by its own task (``champion_task``).
+Must not import: another stage's module; Prefect and MLflow appear only in its task wrapper.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
@@ -18,11 +25,17 @@ from tasks.data import read_jsonl, render_prompt
 from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, forgetting, general_ability
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
-from tasks.reporting import publish_table
+from tasks.reporting import publish_table, tracked_stage
+from tasks.runs import Tracker
 from tasks.scoring import bootstrap_interval, paired_difference, pass_at_k, score_groups
-from tasks.tracking import Tracker
 
 logger = logging.getLogger(__name__)
+
+# The roles of the models one evaluation scores, in the order tables show them. ``base``: the untrained model
+# (forgetting is measured against it); ``sft``: the SFT policy; ``reference``: the current champion, when there
+# is one; ``candidate``: the adapter this run may register. Promotion compares the candidate with the reference,
+# or with the base model when there is no champion.
+ROLES = ("base", "sft", "reference", "candidate")
 
 
 @dataclass
@@ -47,6 +60,7 @@ class ModelScores:
     per_prompt_greedy: list[float] = field(repr=False)
     tokens_per_second: float = 0.0
     general: GeneralAbility | None = None
+    registered_version: str | None = None  # the registry version that was scored, if it is one
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,11 +77,37 @@ class ModelScores:
 
 @dataclass
 class EvalResult:
+    """Scores by model name (in ``ROLES`` order, for tables), the candidate's paired differences with each
+    other model (``<candidate>-vs-<name>``), forgetting against the base model, and which model had which
+    role."""
+
     scores: dict[str, ModelScores]
     comparisons: dict[str, dict[str, float]]
     table_path: Path
     curve_path: Path
     forgetting: dict[str, float] | None = None
+    roles: dict[str, str] = field(default_factory=dict)  # role → model name
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Results pickled before roles existed (Prefect's cache of a run started then) listed their models as
+        ``[base, sft?, champion?, candidate]``; their roles are read from that order, once, here."""
+        self.__dict__.update(state)
+        if not self.__dict__.get("roles"):
+            names = list(self.scores)
+            self.roles = {"base": names[0], "candidate": names[-1]}
+            for name, role in (("sft", "sft"), ("champion", "reference")):
+                if name in names[1:-1]:
+                    self.roles[role] = name
+
+    def of(self, role: str) -> ModelScores | None:
+        """The scores of the model that had ``role``, or None when no model had it."""
+        name = self.roles.get(role)
+        return None if name is None else self.scores[name]
+
+    def comparison(self, role: str) -> dict[str, float] | None:
+        """The candidate's paired pass@1 difference with the model that had ``role``."""
+        name = self.roles.get(role)
+        return None if name is None else self.comparisons[f"{self.roles['candidate']}-vs-{name}"]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +162,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     return ModelScores(
+        registered_version=spec.registered_version,
         name=spec.name,
         n_prompts=len(rows),
         n_samples=settings.n_samples,
@@ -164,30 +205,63 @@ def _curve(scores: dict[str, ModelScores], path: Path) -> Path:
     return path
 
 
-def run_evaluate(config: PipelineConfig, holdout_path: Path, models: list[ModelSpec], stage_dir: Path) -> EvalResult:
-    """Score every model on the same hold-out prompts; compare the last one (the candidate) with the others."""
+def run_evaluate(
+    config: PipelineConfig, holdout_path: Path, models: Mapping[str, ModelSpec], stage_dir: Path
+) -> EvalResult:
+    """Score every model (keyed by role: ``base`` and ``candidate`` required, ``sft`` and ``reference``
+    optional) on the same hold-out prompts, then compare the candidate with each of the others."""
+    unknown = set(models) - set(ROLES)
+    if unknown or not {"base", "candidate"} <= set(models):
+        raise ValueError(f"evaluation takes models by role {ROLES} (base and candidate required), got {sorted(models)}")
     rows = holdout_rows(config, holdout_path)
-    scores = {spec.name: score_model(config, spec, rows) for spec in models}
-    candidate = models[-1].name
+    scores = {role: score_model(config, models[role], rows) for role in ROLES if role in models}
+    return compare_roles(config, scores, stage_dir)
+
+
+def compare_roles(config: PipelineConfig, by_role: Mapping[str, ModelScores], stage_dir: Path) -> EvalResult:
+    """The evaluation result of scores keyed by role: paired differences of the candidate with every other
+    model, forgetting of the candidate against the base model, the table and the pass@k curve."""
+    ordered = [role for role in ROLES if role in by_role]
+    candidate, base = by_role["candidate"], by_role["base"]
+    scores = {by_role[role].name: by_role[role] for role in ordered}
     comparisons = {
-        f"{candidate}-vs-{name}": compare(config, scores[candidate], score)
-        for name, score in scores.items()
-        if name != candidate
+        f"{candidate.name}-vs-{by_role[role].name}": compare(config, candidate, by_role[role])
+        for role in ordered
+        if role != "candidate"
     }
-    base, final = scores[models[0].name], scores[candidate]
-    drop = forgetting(base.general, final.general) if base.general and final.general else None
+    drop = forgetting(base.general, candidate.general) if base.general and candidate.general else None
     stage_dir.mkdir(parents=True, exist_ok=True)
     result = EvalResult(
-        scores, comparisons, stage_dir / "evaluation.json", _curve(scores, stage_dir / "pass_at_k.png"), drop
+        scores,
+        comparisons,
+        stage_dir / "evaluation.json",
+        _curve(scores, stage_dir / "pass_at_k.png"),
+        drop,
+        {role: by_role[role].name for role in ordered},
     )
     result.table_path.write_text(json.dumps(result.to_json(), indent=2))
     return result
 
 
+def lineup(
+    base_model_dir: Path, candidate_adapter: Path, sft_adapter: Path | None, reference: ModelSpec | None
+) -> dict[str, ModelSpec]:
+    """The models a pipeline run evaluates, by role."""
+    models = {"base": ModelSpec("base", base_model_dir)}
+    if sft_adapter is not None:
+        models["sft"] = ModelSpec("sft", base_model_dir, sft_adapter)
+    if reference is not None:
+        models["reference"] = reference
+    models["candidate"] = ModelSpec("grpo", base_model_dir, candidate_adapter)
+    return models
+
+
 @task(name="evaluate", cache_key_fn=stage_cache_key, persist_result=True)
-def evaluate_task(config: PipelineConfig, tracker: Tracker, holdout_path: Path, models: list[ModelSpec]) -> EvalResult:
+def evaluate_task(
+    config: PipelineConfig, tracker: Tracker, holdout_path: Path, models: dict[str, ModelSpec]
+) -> EvalResult:
     """Prefect wrapper: evaluate, log per-model metrics, the comparison table and the pass@k curve."""
-    with tracker.stage("evaluate") as stage:
+    with tracked_stage(tracker, "evaluate") as stage:
         result = run_evaluate(config, holdout_path, models, stage.dir)
         for name, score in result.scores.items():
             stage.log_metrics(
@@ -228,16 +302,26 @@ def evaluation_table(result: EvalResult) -> list[dict[str, Any]]:
     ]
 
 
-def champion_spec(config: PipelineConfig, download_dir: Path) -> tuple[str | None, ModelSpec | None]:
-    """The current ``champion`` of the configured registered model, downloaded, as a model to evaluate."""
-    from tasks.models import resolve_model_source
-    from tasks.tracking import CHAMPION, alias_version, client_for, fetch_adapter
+def fetch_champion(config: PipelineConfig, download_dir: Path) -> ModelSpec | None:
+    """The current ``champion`` of the configured registered model, downloaded, as the reference to evaluate
+    (None when there is no champion yet)."""
+    from tasks.registry import CHAMPION, alias_version_number, client_for, fetch_adapter
+    from tasks.sources import resolve_model_source
 
     name = config.tracking.registered_model_name
-    current = alias_version(client_for(config.resolved_tracking_uri()), name, CHAMPION)
+    current = alias_version_number(client_for(config.resolved_tracking_uri()), name, CHAMPION)
     if current is None:
-        return None, None
+        return None
     base, adapter_dir, version = fetch_adapter(
-        config.resolved_tracking_uri(), f"models:/{name}/{current.version}", download_dir
+        config.resolved_tracking_uri(), f"models:/{name}/{current}", download_dir
     )
-    return str(version.version), ModelSpec("champion", resolve_model_source(base), adapter_dir, str(version.version))
+    return ModelSpec("champion", resolve_model_source(base), adapter_dir, str(version.version))
+
+
+@task(name="champion", cache_policy=NO_CACHE)
+def champion_task(config: PipelineConfig, tracker: Tracker) -> ModelSpec | None:
+    """Prefect wrapper: fetch the champion in its own MLflow stage run (retried like the other stages)."""
+    with tracked_stage(tracker, "champion") as stage:
+        spec = fetch_champion(config, stage.dir)
+        stage.set_tags({"champion_version": spec.registered_version if spec else "none"})
+        return spec

@@ -1,5 +1,6 @@
 """General ability before and after training: perplexity of a small general text corpus and accuracy on a
-small general question set. Both ship with grpoflow (``tasks/data``) or come from the config."""
+small general question set. Both ship with grpoflow (``tasks/data``) or come from the config.
+Must not import: Prefect, MLflow, the stages."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from tasks.data import render_prompt
 from tasks.generation import generate_completions
-from tasks.models import compute_autocast
+from tasks.precision import compute_autocast
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_CORPUS = DATA_DIR / "general_text.txt"

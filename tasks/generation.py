@@ -7,11 +7,12 @@ the matrix products run under bf16 autocast, and the linear layers' weights are 
 call (``packed_for_inference``) rather than prepared on every product.
 
 The decoding loop is this module's own (``_decode``) for the settings GRPO and evaluation use (temperature,
-top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which on CPU took 16 ms per step
-for 16 rows of SmolLM2's 49 152-token vocabulary, a fifth of a decoding step, as it draws a random number per
-vocabulary entry (so does the exponential race, ``argmax(p / E)``: also 16 ms). Here a token is drawn by
-inverting the cumulative distribution with one uniform number per row. Any other generation setting
+top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which draws a random number per
+vocabulary entry (so does the exponential race, ``argmax(p / E)``), a large share of a decoding step on CPU
+(README, Performance). Here a token is drawn by inverting the cumulative distribution with one uniform number
+per row. Any other generation setting
 (repetition penalty, suppressed tokens, ...) goes to ``generate``.
+Must not import: Prefect, MLflow, the stages (probe, evaluation and GRPO's sampler call it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from tasks.models import compute_autocast, packed_for_inference
+from tasks.precision import compute_autocast
+from tasks.speedups.packing import packed_for_inference
 
 logger = logging.getLogger(__name__)
 

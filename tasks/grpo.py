@@ -1,5 +1,7 @@
 """Stage 4, grpo: TRL ``GRPOTrainer`` continues training the SFT stage's LoRA adapter with the configured
-reward functions (weights reach TRL's ``reward_weights``)."""
+reward functions (weights reach TRL's ``reward_weights``).
+Must not import: another stage's module; Prefect and MLflow appear only in its task wrapper. Private TRL internals
+live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
@@ -13,18 +15,31 @@ from typing import Any
 import torch
 from prefect import task
 from transformers import TrainerCallback
-from trl import GRPOTrainer
-from trl.extras.profiling import profiling_context
-from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
 from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
 from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
-from tasks.generation import sample_groups
-from tasks.models import MergedCopy, load_policy, load_tokenizer, resolve_dtype, store_frozen_in
-from tasks.tracking import STAGE_TAG, Tracker, handoff_download, handoff_upload
-from tasks.training import MetricsHistory, TrainResult, common_trainer_args, lora_config, resumable_checkpoint
+from tasks.handoff import handoff_download, handoff_upload
+from tasks.layout import (
+    ADAPTER,
+    CHECKPOINTS,
+    HANDOFF_GRPO_ADAPTER,
+    HANDOFF_SFT_ADAPTER,
+    HANDOFF_TRAIN,
+    RemoteGrpoRequest,
+)
+from tasks.models import load_policy, load_tokenizer
+from tasks.reporting import tracked_stage
+from tasks.runs import Tracker
+from tasks.training import (
+    MetricsHistory,
+    MlflowTrainerCallback,
+    TrainResult,
+    common_trainer_args,
+    lora_config,
+    resumable_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,137 +115,6 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
-def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows that hold distinct prompts (same tokens and padding), and for each row which of them it holds.
-    A GRPO batch has each prompt once per sample, in an order TRL shuffles.
-
-    >>> firsts, of_row = shared_prompts(torch.tensor([[1, 2], [0, 3], [1, 2], [1, 2]]), torch.ones(4, 2))
-    >>> firsts.tolist(), of_row.tolist()
-    ([0, 1], [0, 1, 0, 0])
-    """
-    rows_with_padding = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
-    _, of_row = torch.unique(rows_with_padding, dim=0, return_inverse=True)
-    rows = torch.arange(prompt_ids.size(0), device=prompt_ids.device)
-    firsts = torch.full((int(of_row.max()) + 1,), prompt_ids.size(0), dtype=torch.long, device=rows.device)
-    firsts = firsts.scatter_reduce(0, of_row, rows, reduce="amin")
-    order = firsts.argsort()  # number the prompts in order of first appearance
-    return firsts[order], order.argsort()[of_row]
-
-
-def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Any:
-    """The logits that predict the last ``logits_to_keep`` tokens of each row (rows × tokens × vocab), the same as
-    ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each distinct
-    prompt encoded once: its KV cache (and its gradient) is shared by the rows that continue it, so a group of G
-    samples costs one prompt plus G completions instead of G of each. Positions are those of the single call
-    (counted over the padded row), so the values agree to rounding.
-    """
-    from transformers import DynamicCache
-
-    prompt_length = input_ids.size(1) - logits_to_keep
-    prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
-    firsts, of_row = shared_prompts(prompts, prompt_mask) if prompt_length > 0 else (None, None)
-    if firsts is None or len(firsts) == input_ids.size(0):  # nothing shared: one plain pass
-        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits[
-            :, :-1
-        ]
-    cache = DynamicCache()
-    head = model(
-        input_ids=prompts[firsts],
-        attention_mask=prompt_mask[firsts],
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[of_row]
-    if logits_to_keep == 1:
-        return head
-    cache.batch_select_indices(of_row)  # differentiable: the rows' gradients sum into their shared prompt
-    tail = model(
-        input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
-        attention_mask=attention_mask[:, :-1],
-        cache=cache,
-        use_cache=True,
-    ).logits
-    return torch.cat([head, tail], dim=1)
-
-
-class SharedPrefillGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer that encodes each prompt once for its whole group, in generation and in training.
-
-    TRL puts each prompt ``num_generations`` times in the batch and encodes every copy. Here, in generation,
-    the copies share one prefill (its KV cache is copied), and sampling runs on a plain copy of the policy with
-    the LoRA deltas folded in (``MergedCopy``), in the compute precision, refreshed once per optimizer step; in
-    the loss, the copies share one encoding of the prompt and its gradient (``completion_logits``). vLLM,
-    multimodal, tool-calling and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own
-    (its fused LM-head kernel).
-    """
-
-    def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.generation_precision = precision
-        self._generation_model: MergedCopy | None = None
-        self._generation_model_step = -1
-
-    def _get_per_token_logps_and_entropies(  # noqa: ANN202
-        self,
-        model,  # noqa: ANN001
-        input_ids,  # noqa: ANN001
-        attention_mask,  # noqa: ANN001
-        logits_to_keep,  # noqa: ANN001
-        batch_size=None,  # noqa: ANN001
-        compute_entropy=False,  # noqa: ANN001
-        compute_aux_loss=False,  # noqa: ANN001
-        **multimodal,  # noqa: ANN003
-    ):
-        """Each group's prompt is encoded once (forward and backward) and its KV cache shared by the group's
-        completions; then plain logits → log-softmax, as TRL's fused, tiled LM-head kernel has no CPU kernel and
-        its pure-torch fallback is slower here than materializing the (small) completion logits."""
-        if compute_aux_loss or input_ids.is_cuda or any(v is not None for v in multimodal.values()):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal,
-            )  # fmt: skip
-        chunk = batch_size or input_ids.size(0)  # TRL's chunking bounds the (rows × tokens × vocab) logits
-        all_logps, all_entropies = [], []
-        for start in range(0, input_ids.size(0), chunk):
-            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
-            with self.accelerator.autocast():
-                logits = completion_logits(model, ids, mask, logits_to_keep)
-            logits, targets = logits.float(), ids[:, -logits_to_keep:]
-            if compute_entropy:  # the entropy needs a gradient only when the loss has an entropy bonus
-                logps, entropy = selective_log_softmax_and_entropy(
-                    logits, targets, getattr(self, "_entropy_bonus_enabled", True), self.temperature
-                )
-                all_entropies.append(entropy)
-            else:
-                logps = selective_log_softmax(logits, targets, self.temperature)
-            all_logps.append(logps)
-        entropies = torch.cat(all_entropies) if compute_entropy else None
-        return torch.cat(all_logps), entropies, None
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001, ANN202
-        if self.use_vllm or images is not None or multimodal_fields or self.accelerator.num_processes > 1:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
-        if self._generation_model_step != self.state.global_step:  # the weights changed since the last copy
-            with profiling_context(self, "merge_for_generation"):
-                if self._generation_model is None:
-                    policy = self.accelerator.unwrap_model(self.model)
-                    self._generation_model = MergedCopy(policy, resolve_dtype(self.generation_precision))
-                else:
-                    self._generation_model.refresh()
-            self._generation_model_step = self.state.global_step
-        with profiling_context(self, "transformers.generate"):
-            completion_ids = sample_groups(
-                self._generation_model.model,
-                prompt_ids,
-                self.generation_config,
-                pad_id=self._tokenizer.pad_token_id,
-                eos_ids=self.eos_token_ids,
-            )
-        return completion_ids, None
-
-
 def resolve_backend(backend: str, cuda: bool | None = None, vllm_installed: bool | None = None) -> str:
     """The generation backend GRPO will use: ``auto`` means vLLM when CUDA and vllm are both present.
 
@@ -286,6 +170,9 @@ def run_grpo(
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from tasks.speedups.frozen import store_frozen_in
+    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
+
     rows = read_jsonl(train_path)
     if keep_ids is not None:
         rows = [row for row in rows if row["id"] in keep_ids]
@@ -300,7 +187,7 @@ def run_grpo(
     logger.info("GRPO generation backend: %s (configured: %s)", backend, settings.generation.backend)
     args = GRPOConfig(
         **generation_args(settings.generation, backend),
-        **common_trainer_args(config, stage_dir / "checkpoints", config.grpo.checkpoint_steps),
+        **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
         max_steps=settings.max_steps,
         learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.batch_size,
@@ -337,9 +224,9 @@ def run_grpo(
     )
     store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
-    resume_from = resumable_checkpoint(stage_dir / "checkpoints")
+    resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    adapter_dir = stage_dir / "adapter"
+    adapter_dir = stage_dir / ADAPTER
     trainer.save_model(str(adapter_dir))
     return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
 
@@ -354,7 +241,7 @@ def grpo_task(
     keep_ids: set[str] | None = None,
 ) -> TrainResult:
     """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step."""
-    with tracker.stage("grpo") as stage:
+    with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
         stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend)})
         if keep_ids is not None:
@@ -365,7 +252,7 @@ def grpo_task(
             base_model_dir,
             sft_adapter_dir,
             stage.dir,
-            [stage.trainer_callback()],
+            [MlflowTrainerCallback(stage)],
             keep_ids,
             completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
         )
@@ -378,30 +265,33 @@ def remote_grpo_task(
     config: PipelineConfig,
     tracker: Tracker,
     train_path: Path,
+    base_model_dir: Path,
     sft_adapter_dir: Path | None,
     keep_ids: set[str] | None = None,
 ) -> TrainResult:
     """GRPO as its own Prefect deployment (``orchestration.grpo_deployment``, e.g. on a GPU work pool): the
     training file and the SFT adapter go up to the MLflow artifact store, the deployment trains in its own
-    MLflow stage run under this pipeline's parent run, and the adapter comes back the same way."""
+    MLflow stage run under this pipeline's parent run, and the adapter comes back the same way. The worker
+    resolves the base model itself (``base_model_dir`` is this machine's path)."""
     from prefect.deployments import run_deployment
 
-    handoff_upload(tracker, train_path, "grpo_inputs/train")
+    handoff_upload(tracker, train_path, HANDOFF_TRAIN)
     if sft_adapter_dir is not None:
-        handoff_upload(tracker, sft_adapter_dir, "grpo_inputs/sft_adapter")
+        handoff_upload(tracker, sft_adapter_dir, HANDOFF_SFT_ADAPTER)
+    request = RemoteGrpoRequest(
+        config=config.model_dump(mode="json"),
+        run_id=tracker.run_id,
+        tracking_uri=tracker.tracking_uri,
+        experiment_id=tracker.experiment_id,
+        parent_run_id=tracker.parent_run_id,
+        train_file=train_path.name,
+        has_sft_adapter=sft_adapter_dir is not None,
+        keep_ids=sorted(keep_ids) if keep_ids is not None else None,
+    )
     name = config.orchestration.grpo_deployment
     flow_run = run_deployment(
         name,
-        parameters={
-            "config": config.model_dump(mode="json"),
-            "run_id": tracker.run_id,
-            "tracking_uri": tracker.tracking_uri,
-            "experiment_id": tracker.experiment_id,
-            "parent_run_id": tracker.parent_run_id,
-            "train_file": train_path.name,
-            "has_sft_adapter": sft_adapter_dir is not None,
-            "keep_ids": sorted(keep_ids) if keep_ids is not None else None,
-        },
+        parameters=request.parameters(),
         flow_run_name=f"{tracker.run_id}-grpo",
         timeout=config.orchestration.grpo_deployment_timeout_s,
     )
@@ -409,12 +299,15 @@ def remote_grpo_task(
     if state is None or not state.is_completed():
         detail = f"{state.name}: {state.message}" if state else "no state (timed out waiting)"
         raise RuntimeError(f"GRPO deployment {name!r} (flow run {flow_run.id}) did not complete: {detail}")
-    stage_dir = tracker.run_dir / "grpo"
-    adapter_dir = handoff_download(tracker.tracking_uri, tracker.parent_run_id, "grpo_output/adapter", stage_dir)
-    metrics = {}
-    for run in tracker.client.search_runs(
-        [tracker.experiment_id], f"tags.`mlflow.parentRunId` = '{tracker.parent_run_id}'"
-    ):
-        if run.data.tags.get(STAGE_TAG) == "grpo":
-            metrics = run.data.metrics
+    adapter_dir = handoff_download(
+        tracker.tracking_uri, tracker.parent_run_id, HANDOFF_GRPO_ADAPTER, tracker.layout.stage_dir("grpo")
+    )
+    runs = tracker.stage_runs("grpo")
+    metrics = runs[-1].data.metrics if runs else {}
     return TrainResult(adapter_dir, int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0)))
+
+
+def grpo_task_for(config: PipelineConfig) -> Any:
+    """The GRPO task this config runs: on this worker, or as the deployment ``orchestration.grpo_deployment``
+    (both take the same arguments)."""
+    return remote_grpo_task if config.orchestration.grpo_deployment else grpo_task

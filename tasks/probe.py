@@ -1,6 +1,7 @@
 """Stage 2, probe: sample G completions for N prompts with the GRPO sampling settings and look at the reward
 distribution before spending compute. On the base model it tells whether SFT is needed; on the SFT policy it
-is the gate before GRPO."""
+is the gate before GRPO.
+Must not import: another stage's module; Prefect and MLflow appear only in its task wrapper."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt, write_jsonl
+from tasks.events import emit_pipeline_event
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
-from tasks.reporting import publish_markdown, publish_table
+from tasks.reporting import publish_markdown, publish_table, tracked_stage
+from tasks.runs import Tracker
 from tasks.scoring import score_groups
-from tasks.tracking import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,15 @@ def gate_message(result: ProbeResult, min_signal_share: float, samples: list[str
         )
     shown = "; ".join(repr(s[:80]) for s in (samples or [])[:3])
     return head + advice + (f". Samples: {shown}" if shown else "")
+
+
+def prompts_to_keep(config: PipelineConfig, probes: dict[str, ProbeResult]) -> set[str] | None:
+    """The prompt ids GRPO trains on when ``probe.pass_rate_band`` is set (judged by the latest probe: the SFT
+    policy's, else the base model's); None means every prompt."""
+    latest = probes.get("sft") or probes.get("base")
+    if not config.probe.pass_rate_band or latest is None:
+        return None
+    return pass_rate_filter(latest, config.probe.pass_rate_band)
 
 
 def pass_rate_filter(result: ProbeResult, band: tuple[float, float]) -> set[str]:
@@ -223,7 +234,7 @@ def probe_task(
     gate: bool,
 ) -> ProbeResult:
     """Prefect wrapper: probe, log the distribution, and (when ``gate``) stop the flow on no learning signal."""
-    with tracker.stage(f"probe_{label}") as stage:
+    with tracked_stage(tracker, f"probe_{label}") as stage:
         result = run_probe(config, train_path, base_model_dir, adapter_dir, stage.dir, label)
         stage.log_metrics(
             {
@@ -249,7 +260,8 @@ def probe_task(
         result.verdict = probe_verdict(result, message, gate)
         publish_markdown(f"probe-{label}-verdict", f"### probe ({label})\n{result.verdict}\n")
         stage.set_tags({"verdict": result.verdict[:5000]})
-        if message and gate:
+        if message and gate:  # the stage run closes FAILED, automations hear of it, the flow stops
+            emit_pipeline_event("stopped-by-probe", tracker.run_id, {"message": message})
             raise NoLearningSignal(message)
         return result
 

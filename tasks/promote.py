@@ -1,9 +1,16 @@
 """Stage 6, promote: register the final adapter (and the SFT backup) with lineage tags, and move ``champion``
-only when the candidate beats the current champion (or the base model, when there is none)."""
+only when the candidate beats the current champion (or the base model, when there is none).
+
+The decision reads one input (``PromotionCase``, taken from the evaluation by role) and the registry applies it
+in one call (``tasks.registry.apply_promotion``), inside a lock that serialises promotions of a model.
+Must not import: another stage's logic (it reads the evaluate stage's result types, nothing else); Prefect and
+MLflow appear only in its task wrapper; registry calls go through ``tasks/registry.py``.
+"""
 
 from __future__ import annotations
 
 import functools
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
@@ -15,17 +22,10 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
-from tasks.reporting import publish_markdown
-from tasks.tracking import (
-    CHALLENGER,
-    CHAMPION,
-    RegistryError,
-    StageRun,
-    Tracker,
-    alias_version,
-    move_champion,
-    register_adapter,
-)
+from tasks.events import emit_pipeline_event
+from tasks.registry import RegistryError, apply_promotion, register_adapter
+from tasks.reporting import publish_markdown, tracked_stage
+from tasks.runs import StageRun, Tracker
 
 T = TypeVar("T")
 
@@ -43,24 +43,43 @@ class PromotionResult:
         return asdict(self)
 
 
-def decide_promotion(
-    candidate: ModelScores,
-    reference: ModelScores,
-    difference: dict[str, float],
-    settings: PromotionSettings,
-    forgetting: dict[str, float] | None = None,
-) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class PromotionCase:
+    """The promotion decision's one input: the candidate, what it is compared with (the champion it was
+    evaluated against, else the base model), their paired pass@1 difference, forgetting against the base
+    model, and the registry version the reference is (None when it is the base model)."""
+
+    candidate: ModelScores
+    reference: ModelScores
+    difference: dict[str, float]
+    forgetting: dict[str, float] | None = None
+    champion_version: str | None = None
+
+    @classmethod
+    def from_evaluation(cls, evaluation: EvalResult) -> PromotionCase:
+        role = "reference" if evaluation.of("reference") is not None else "base"
+        reference = evaluation.of(role)
+        return cls(
+            candidate=evaluation.of("candidate"),
+            reference=reference,
+            difference=evaluation.comparison(role),
+            forgetting=evaluation.forgetting,
+            champion_version=reference.registered_version if role == "reference" else None,
+        )
+
+
+def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[bool, str]:
     """The gate (pure): the paired interval's lower end must clear the margin, pass@k must not drop, and
     general ability (``forgetting``, measured against the base model) must stay within its tolerances.
 
-    >>> from tasks.evaluate import ModelScores
     >>> a = ModelScores("grpo", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
     >>> b = ModelScores("base", 4, 4, 0.1, {1: 0.1}, (0.0, 0.2), [], [])
-    >>> decide_promotion(a, b, {"mean": 0.4, "low": 0.2, "high": 0.6, "n": 4}, PromotionSettings())[0]
+    >>> decide_promotion(PromotionCase(a, b, {"mean": 0.4, "low": 0.2, "high": 0.6, "n": 4}), PromotionSettings())[0]
     True
-    >>> decide_promotion(a, b, {"mean": 0.4, "low": -0.1, "high": 0.6, "n": 4}, PromotionSettings())[0]
+    >>> decide_promotion(PromotionCase(a, b, {"mean": 0.4, "low": -0.1, "high": 0.6, "n": 4}), PromotionSettings())[0]
     False
     """
+    candidate, reference, difference, forgetting = case.candidate, case.reference, case.difference, case.forgetting
     name = reference.name
     if not difference["low"] > settings.margin:
         return False, (
@@ -110,19 +129,16 @@ def registry_errors(function: Callable[..., T]) -> Callable[..., T]:
 def run_promote(
     stage: StageRun,
     registered_model: str,
-    adapter_dir: Path,
-    sft_adapter_dir: Path | None,
-    candidate: ModelScores,
-    reference: ModelScores,
-    difference: dict[str, float],
-    champion_at_evaluation: str | None,
+    case: PromotionCase,
     settings: PromotionSettings,
     lineage: dict[str, Any],
-    forgetting: dict[str, float] | None = None,
+    adapter_dir: Path,
+    sft_adapter_dir: Path | None = None,
 ) -> PromotionResult:
-    """Log and register the adapters, then apply the gate. Aliases move last, only after registration
-    succeeded, and only if ``champion`` still points where it did when the candidate was evaluated."""
-    client = stage.client
+    """Log and register the adapters, decide, then apply the decision to the registry. Aliases move last, only
+    after registration succeeded, and only if ``champion`` still points where it did when the candidate was
+    evaluated."""
+    candidate, reference, difference = case.candidate, case.reference, case.difference
     stage.log_artifact(adapter_dir, "adapter")
     if sft_adapter_dir is not None:
         stage.log_artifact(sft_adapter_dir, "sft_adapter")
@@ -134,33 +150,42 @@ def run_promote(
         **{f"pass_at_{k}": v for k, v in candidate.pass_at_k.items()},
         f"gain_vs_{reference.name}": difference["mean"],
         f"gain_vs_{reference.name}_low": difference["low"],
-        **{f"forgetting_{k}": v for k, v in (forgetting or {}).items()},
+        **{f"forgetting_{k}": v for k, v in (case.forgetting or {}).items()},
     }
     tags = {**lineage, **{f"metric.{k}": f"{v:.4f}" for k, v in metrics.items() if v is not None}}
+    client = stage.client
     sft_version = None
     if sft_adapter_dir is not None:
         sft_version = register_adapter(client, f"{registered_model}-sft", stage.run_id, "sft_adapter", tags)
     version = register_adapter(client, registered_model, stage.run_id, "adapter", tags)
-
-    promote, reason = decide_promotion(candidate, reference, difference, settings, forgetting)
-    current = alias_version(client, registered_model, CHAMPION)
-    current_version = None if current is None else str(current.version)
-    if current_version == version:  # a resumed run that had already promoted this version
-        return PromotionResult(registered_model, version, sft_version, True, "already champion", reference.name)
-    if promote and current_version != champion_at_evaluation:
-        promote = False
-        reason = (
-            f"champion moved from {champion_at_evaluation} to {current_version} while this run was evaluated "
-            "against it; not promoting over an adapter it was not compared with"
-        )
-    if promote:
-        move_champion(client, registered_model, version, reason)
-    else:
-        client.set_registered_model_alias(registered_model, CHALLENGER, version)
-    client.set_model_version_tag(registered_model, version, "grpoflow.promotion_decision", reason)
+    promote, reason = decide_promotion(case, settings)
+    outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version)
     stage.log_metrics({k: v for k, v in metrics.items() if v is not None})
-    stage.set_tags({"promoted": promote, "promotion_reason": reason, "registered_version": version})
-    return PromotionResult(registered_model, version, sft_version, promote, reason, reference.name)
+    stage.set_tags({"promoted": outcome.promoted, "promotion_reason": outcome.reason, "registered_version": version})
+    return PromotionResult(registered_model, version, sft_version, outcome.promoted, outcome.reason, reference.name)
+
+
+def git_commit() -> str:
+    """The commit of the code that trained (``unknown`` outside a git checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=5
+        ).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def lineage(config: PipelineConfig, tracker: Tracker, data_fingerprint: str) -> dict[str, Any]:
+    """The tags that tie a registered version to what made it: runs, base model, config, data, code."""
+    return {
+        "pipeline_run_id": tracker.run_id,
+        "mlflow_parent_run_id": tracker.parent_run_id,
+        "base_model": config.model.source,
+        "config_hash": config.config_hash(),
+        "data_fingerprint": data_fingerprint,
+        "git_commit": git_commit(),
+        **tracker.stage_run_ids(),
+    }
 
 
 @task(name="promote", cache_policy=NO_CACHE)
@@ -170,32 +195,23 @@ def promote_task(
     evaluation: EvalResult,
     adapter_dir: Path,
     sft_adapter_dir: Path | None,
-    champion_at_evaluation: str | None,
-    lineage: dict[str, Any],
+    data_fingerprint: str,
 ) -> PromotionResult:
-    """Prefect wrapper: compare with the champion when it was evaluated, else with the base model."""
-    candidate = list(evaluation.scores)[-1]
-    reference = "champion" if "champion" in evaluation.scores else "base"
-    with tracker.stage("promote") as stage, promotion_lock(config.tracking.registered_model_name):
-        result = run_promote(
-            stage,
-            config.tracking.registered_model_name,
-            adapter_dir,
-            sft_adapter_dir,
-            evaluation.scores[candidate],
-            evaluation.scores[reference],
-            evaluation.comparisons[f"{candidate}-vs-{reference}"],
-            champion_at_evaluation,
-            config.promotion,
-            {**lineage, **tracker.stage_run_ids(), "promote_run_id": stage.run_id},
-            evaluation.forgetting,
-        )
+    """Prefect wrapper: compare with the champion the candidate was evaluated against, else with the base
+    model; a rejected candidate emits ``grpoflow.run.promotion-rejected``."""
+    case = PromotionCase.from_evaluation(evaluation)
+    name = config.tracking.registered_model_name
+    with tracked_stage(tracker, "promote") as stage, promotion_lock(name):
+        tags = {**lineage(config, tracker, data_fingerprint), "promote_run_id": stage.run_id}
+        result = run_promote(stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir)
         verdict = "became **champion**" if result.promoted else "set as challenger (not promoted)"
         publish_markdown(
             "promote",
             f"### promote\n{result.registered_model} v{result.version} {verdict}: {result.reason}\n",
         )
-        return result
+    if not result.promoted:
+        emit_pipeline_event("promotion-rejected", tracker.run_id, result.to_json())
+    return result
 
 
 @contextmanager

@@ -1,9 +1,16 @@
-"""Prefect artifacts (markdown and tables) so the Prefect UI shows what each stage did without opening logs."""
+"""What the Prefect UI shows of a stage: markdown and table artifacts, and a link to the stage's MLflow run.
+
+Owns: Prefect artifacts. Must not import: torch, transformers. A failure to publish never fails a stage.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from tasks.runs import StageRun, Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -13,7 +20,7 @@ def _key(name: str) -> str:
 
 
 def publish_markdown(name: str, markdown: str) -> None:
-    """A markdown artifact on the current flow run; a failure to publish never fails the stage."""
+    """A markdown artifact on the current flow run."""
     from prefect.artifacts import create_markdown_artifact
 
     try:
@@ -29,3 +36,24 @@ def publish_table(name: str, rows: list[dict[str, Any]]) -> None:
         create_table_artifact(table=rows, key=_key(name), description=name)
     except Exception as exc:
         logger.warning("could not publish Prefect artifact %s: %s", name, exc)
+
+
+def link_mlflow_run(tracker: Tracker, name: str, mlflow_run_id: str) -> None:
+    """A Prefect link artifact to the stage's MLflow run, so the Prefect UI leads to the details (only when
+    tracking goes through a server that has a UI)."""
+    url = tracker.run_url(mlflow_run_id)
+    if url is None:
+        return
+    try:
+        from prefect.artifacts import create_link_artifact
+
+        create_link_artifact(link=url, link_text=f"MLflow run: {name}", key=f"mlflow-{name}".replace("_", "-"))
+    except Exception as exc:
+        logger.warning("could not publish the MLflow link of stage %s: %s", name, exc)
+
+
+@contextmanager
+def tracked_stage(tracker: Tracker, name: str) -> Iterator[StageRun]:
+    """The stage's MLflow run (``Tracker.stage``), linked from the Prefect UI once it finished."""
+    with tracker.stage(name, on_success=lambda stage, run_id: link_mlflow_run(tracker, stage, run_id)) as stage:
+        yield stage

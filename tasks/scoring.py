@@ -1,5 +1,6 @@
 """Scoring completions with the configured rewards, and the statistics probe, evaluation and promotion share:
-the unbiased pass@k estimator and bootstrap intervals (plain and paired)."""
+the unbiased pass@k estimator and bootstrap intervals (plain and paired).
+Must not import: Prefect, MLflow, torch, the stages."""
 
 from __future__ import annotations
 

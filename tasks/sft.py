@@ -1,4 +1,6 @@
-"""Stage 3, sft: TRL ``SFTTrainer`` + a PEFT LoRA adapter teaches the answer format."""
+"""Stage 3, sft: TRL ``SFTTrainer`` + a PEFT LoRA adapter teaches the answer format.
+Must not import: another stage's module; Prefect and MLflow appear only in its task wrapper. Private TRL internals
+live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
-from tasks.models import load_base_model, load_tokenizer, store_frozen_in
-from tasks.tracking import Tracker
+from tasks.layout import ADAPTER, CHECKPOINTS
+from tasks.models import load_base_model, load_tokenizer
+from tasks.reporting import tracked_stage
+from tasks.runs import Tracker
 from tasks.training import (
     MetricsHistory,
+    MlflowTrainerCallback,
     TrainResult,
     common_trainer_args,
     lora_config,
     resumable_checkpoint,
-    score_only_labelled_positions,
 )
 
 
@@ -46,11 +50,14 @@ def run_sft(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from tasks.speedups.frozen import store_frozen_in
+    from tasks.speedups.trl_patches import score_only_labelled_positions
+
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(sft_examples(read_jsonl(train_path), tokenizer, config))
     model = load_base_model(base_model_dir)
     args = SFTConfig(
-        **common_trainer_args(config, stage_dir / "checkpoints", config.sft.checkpoint_steps),
+        **common_trainer_args(config, stage_dir / CHECKPOINTS, config.sft.checkpoint_steps),
         max_steps=config.sft.max_steps,
         per_device_train_batch_size=config.sft.batch_size,
         learning_rate=config.sft.learning_rate,
@@ -71,10 +78,10 @@ def run_sft(
     )
     store_frozen_in(trainer.model, config.model.precision)
     started = time.perf_counter()
-    resume_from = resumable_checkpoint(stage_dir / "checkpoints")
+    resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     with score_only_labelled_positions():
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    adapter_dir = stage_dir / "adapter"
+    adapter_dir = stage_dir / ADAPTER
     trainer.save_model(str(adapter_dir))
     return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
 
@@ -82,8 +89,8 @@ def run_sft(
 @task(name="sft", cache_key_fn=stage_cache_key, persist_result=True)
 def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_model_dir: Path) -> TrainResult:
     """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
-    with tracker.stage("sft") as stage:
+    with tracked_stage(tracker, "sft") as stage:
         stage.log_params({f"sft.{k}": v for k, v in config.sft.model_dump().items()})
-        result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[stage.trainer_callback()])
+        result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[MlflowTrainerCallback(stage)])
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         return result

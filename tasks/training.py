@@ -1,9 +1,9 @@
-"""What SFT and GRPO share: trainer arguments common to both, LoRA settings, and a metrics recorder."""
+"""What SFT and GRPO share: trainer arguments common to both, LoRA settings, checkpoints, and the callbacks that
+record the trainers' metrics (in the stage result, and in the stage's MLflow run).
+Must not import: Prefect, the stages."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 from tasks.config import PipelineConfig
-from tasks.models import resolve_dtype
+from tasks.precision import resolve_dtype
 
 
 @dataclass
@@ -43,6 +43,19 @@ class MetricsHistory(TrainerCallback):
         self.history.append({"step": float(state.global_step), **numbers})
 
 
+class MlflowTrainerCallback(TrainerCallback):
+    """Logs every number a TRL trainer logs, at its global step, to the stage's MLflow run."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage  # a tasks.runs.StageRun
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        numbers = {k.replace("/", "_") if k.startswith("train_") else k: v for k, v in (logs or {}).items()}
+        self.stage.log_metrics(
+            {k: float(v) for k, v in numbers.items() if isinstance(v, int | float)}, step=state.global_step
+        )
+
+
 def lora_config(config: PipelineConfig) -> Any:
     from peft import LoraConfig
 
@@ -57,7 +70,8 @@ def lora_config(config: PipelineConfig) -> Any:
 
 def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_steps: int = 0) -> dict[str, Any]:
     """Arguments both TRL configs take. Weights carry the precision (bf16 weights are where the speed is),
-    so the trainers' autocast stays off; gradient checkpointing costs ~25 % on small models and is off."""
+    so the trainers' autocast stays off; gradient checkpointing is off (it costs more than it saves on small
+models, README, Performance)."""
     on_gpu = torch.cuda.is_available()
     return {
         "output_dir": str(output_dir),
@@ -124,25 +138,3 @@ def resumable_checkpoint(checkpoints_dir: Path) -> Path | None:
         logger.info("resuming from %s", path)
         return path
     return None
-
-
-@contextlib.contextmanager
-def score_only_labelled_positions() -> Iterator[None]:
-    """Let TRL's fused LM head score only the positions that have a label, on CPU too.
-
-    TRL does so on Triton devices; elsewhere it scores every position so that tile shapes stay fixed for
-    compilers (Neuron). Nothing is compiled on CPU, and with a completion-only SFT loss about one position in
-    five has a label: on SmolLM2-135M, 16 rows × 50 tokens, the head and its loss were half of an SFT step.
-    The values are the same (a test checks the loss). Where TRL lacks the hook this changes nothing.
-    """
-    import trl.trainer.utils as trl_utils
-
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None:
-        yield
-        return
-    trl_utils._use_triton = lambda device: device.type == "cpu" or original(device)
-    try:
-        yield
-    finally:
-        trl_utils._use_triton = original

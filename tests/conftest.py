@@ -8,16 +8,13 @@ import tempfile
 from pathlib import Path
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpoflow-tests-"))
-# Before Prefect, MLflow or transformers are imported anywhere.
+# Before Prefect, MLflow or transformers are imported anywhere (importing ``tasks`` itself sets the telemetry-off
+# defaults, below these).
 os.environ.update(
     {
         "HF_HUB_OFFLINE": "1",
         "PREFECT_HOME": str(_SESSION_DIR / "prefect"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "DO_NOT_TRACK": "1",
-        "TOKENIZERS_PARALLELISM": "false",
         # Prefect's console handler logs "stopping temporary server" after pytest closed its streams.
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
@@ -35,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from tasks.models import TINY_RANDOM, resolve_model_source
+    from tasks.sources import TINY_RANDOM, resolve_model_source
 
     return resolve_model_source(TINY_RANDOM)
 

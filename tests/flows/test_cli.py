@@ -30,7 +30,9 @@ def _registered(tmp_path: Path, adapter: Path, versions: int = 2) -> Path:
     import yaml
 
     from tasks.config import load_config
-    from tasks.tracking import client_for, move_champion, register_adapter, start_pipeline
+    from tasks.layout import RunLayout
+    from tasks.registry import client_for, move_champion, register_adapter
+    from tasks.runs import start_pipeline
 
     config_path = tmp_path / "cli.yaml"
     config_path.write_text(
@@ -43,7 +45,7 @@ def _registered(tmp_path: Path, adapter: Path, versions: int = 2) -> Path:
         )
     )
     config = load_config(config_path)
-    tracker = start_pipeline(config, "cli-run", tmp_path / "out" / "cli-run")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "out" / "cli-run"))
     client = client_for(config.resolved_tracking_uri())
     with tracker.stage("promote") as stage:
         stage.log_artifact(adapter, "adapter")
@@ -57,7 +59,8 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tasks.models import load_policy, resolve_model_source
+    from tasks.models import load_policy
+    from tasks.sources import resolve_model_source
 
     config = _registered(tmp_path, tiny_adapter)
     result = runner.invoke(

@@ -10,9 +10,9 @@ from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
 from tasks.data import DataSourceError
 from tasks.probe import NoLearningSignal
-from tasks.tracking import RUN_ID_TAG, client_for
+from tasks.runs import RUN_ID_TAG, client_for
 
-STAGES = {"validate", "probe_base", "sft", "probe_sft", "grpo", "evaluate", "promote"}
+STAGES = {"validate", "probe_base", "sft", "probe_sft", "grpo", "champion", "evaluate", "promote"}
 
 
 def _runs(config: PipelineConfig, run_id: str) -> list:

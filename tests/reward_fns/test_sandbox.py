@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from reward_fns.code import code_tests
-from reward_fns.sandbox import HARNESS, SANDBOX_UID_BASE, Sandbox, SandboxJob, SandboxLimits, detect_isolation
+from reward_fns.sandbox import SANDBOX_UID_BASE, Sandbox, SandboxJob, SandboxLimits
+from reward_fns.sandbox_isolation import HARNESS, detect_isolation
 
 LIMITS = SandboxLimits(
     cpu_seconds=2, wall_seconds=4.0, memory_mb=256, processes=8, file_size_mb=4, workdir_mb=16, output_bytes=4096

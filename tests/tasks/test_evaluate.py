@@ -1,14 +1,17 @@
 """Evaluation on the tiny model: every model and k in the table, reproducible numbers, forgetting detected."""
 
+import itertools
+
+import pytest
 import torch
 
-from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate, score_model
+from tasks.evaluate import ModelSpec, compare_roles, evaluation_table, run_evaluate, score_model
 from tasks.forgetting import forgetting, general_ability
 from tasks.models import load_base_model, load_tokenizer
 
 
 def test_table_holds_every_model_and_k(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
-    models = [ModelSpec("base", tiny_model_dir), ModelSpec("grpo", tiny_model_dir)]
+    models = {"base": ModelSpec("base", tiny_model_dir), "candidate": ModelSpec("grpo", tiny_model_dir)}
     result = run_evaluate(tiny_config, tiny_split.holdout_path, models, tmp_path)
     table = evaluation_table(result)
     assert [row["model"] for row in table] == ["base", "grpo"]
@@ -49,3 +52,49 @@ def test_forgetting_probe_sees_a_damaged_model(tiny_model_dir) -> None:
         "qa_accuracy_drop": 0.0,
         "perplexity_increase": 0.0,
     }
+
+
+def test_roles_not_positions_decide_what_promotion_compares(tiny_config, make_scores, tmp_path) -> None:
+    """Scores handed over in every order give the same promotion case and decision; the champion, when there
+    is one, is the reference; swapping two roles changes the decision (roles are read, not positions)."""
+    from tasks.promote import PromotionCase, decide_promotion
+
+    champion = make_scores("champion", [0.5, 0.25] * 20)
+    champion.registered_version = "3"
+    by_role = {
+        "base": make_scores("base", [0.0, 0.25] * 20),
+        "sft": make_scores("sft", [0.25, 0.5] * 20),
+        "reference": champion,
+        "candidate": make_scores("grpo", [1.0, 0.75] * 20),
+    }
+    outcomes = set()
+    for order in itertools.permutations(by_role):
+        result = compare_roles(tiny_config, {role: by_role[role] for role in order}, tmp_path / "-".join(order))
+        assert list(result.scores) == ["base", "sft", "champion", "grpo"]  # tables keep the role order
+        case = PromotionCase.from_evaluation(result)
+        assert (case.candidate.name, case.reference.name, case.champion_version) == ("grpo", "champion", "3")
+        outcomes.add((decide_promotion(case, tiny_config.promotion), case.difference["mean"]))
+    assert len(outcomes) == 1 and next(iter(outcomes))[0][0] is True
+
+    without_champion = compare_roles(tiny_config, {k: v for k, v in by_role.items() if k != "reference"}, tmp_path)
+    case = PromotionCase.from_evaluation(without_champion)
+    assert case.reference.name == "base" and case.champion_version is None
+
+    swapped_roles = {**by_role, "candidate": by_role["base"], "base": by_role["candidate"]}
+    swapped = compare_roles(tiny_config, swapped_roles, tmp_path)
+    assert decide_promotion(PromotionCase.from_evaluation(swapped), tiny_config.promotion)[0] is False
+
+
+def test_models_by_role_in_any_order_score_the_same(tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path):
+    """The real stage: the same models handed over in two orders give identical results by role."""
+    models = {
+        "candidate": ModelSpec("grpo", tiny_model_dir, tiny_adapter),
+        "base": ModelSpec("base", tiny_model_dir),
+    }
+    forward = run_evaluate(tiny_config, tiny_split.holdout_path, models, tmp_path / "a")
+    backward = run_evaluate(tiny_config, tiny_split.holdout_path, dict(reversed(models.items())), tmp_path / "b")
+    assert forward.roles == backward.roles == {"base": "base", "candidate": "grpo"}
+    assert forward.of("candidate").per_prompt_pass1 == backward.of("candidate").per_prompt_pass1
+    assert forward.comparison("base") == backward.comparison("base")
+    with pytest.raises(ValueError, match="by role"):
+        run_evaluate(tiny_config, tiny_split.holdout_path, {"grpo": models["candidate"]}, tmp_path / "c")

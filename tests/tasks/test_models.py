@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.models import ModelSourceError, load_base_model, load_tokenizer, resolve_model_source
+from tasks.models import load_base_model, load_tokenizer
+from tasks.sources import ModelSourceError, resolve_model_source
 
 
 def test_tiny_random_builds_a_llama_with_a_char_tokenizer(tiny_model_dir: Path) -> None:
@@ -41,7 +42,8 @@ def test_hub_id_offline_fails_with_a_clear_message() -> None:
 def test_merged_copy_computes_what_the_adapter_computes(tiny_model_dir: Path, tiny_adapter: Path) -> None:
     import torch
 
-    from tasks.models import MergedCopy, load_policy
+    from tasks.models import load_policy
+    from tasks.speedups.merged_copy import MergedCopy
 
     policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
     inputs = torch.randint(3, 40, (2, 9))
@@ -69,7 +71,9 @@ def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
     import torch
     from peft.tuners.lora import LoraLayer
 
-    from tasks.models import MergedCopy, load_policy, store_frozen_in
+    from tasks.models import load_policy
+    from tasks.speedups.frozen import store_frozen_in
+    from tasks.speedups.merged_copy import MergedCopy
 
     policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
     inputs = torch.randint(3, 40, (2, 9))
@@ -96,7 +100,8 @@ def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
 def test_packed_linear_layers_compute_what_autocast_linear_computes(tiny_model_dir: Path) -> None:
     import torch
 
-    from tasks.models import PackedLinear, load_base_model, packed_for_inference, packing_available
+    from tasks.models import load_base_model
+    from tasks.speedups.packing import PackedLinear, packed_for_inference, packing_available
 
     assert packing_available(torch.bfloat16)  # this CPU build of torch has oneDNN
     model = load_base_model(tiny_model_dir).eval()

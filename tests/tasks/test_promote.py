@@ -6,17 +6,19 @@ import numpy as np
 import pytest
 
 from tasks.config import PromotionSettings
-from tasks.promote import decide_promotion, run_promote
-from tasks.scoring import paired_difference
-from tasks.tracking import (
+from tasks.layout import RunLayout
+from tasks.promote import PromotionCase, decide_promotion, run_promote
+from tasks.registry import (
     CHALLENGER,
     CHAMPION,
+    RegistryError,
     alias_version,
     client_for,
     fetch_adapter,
     rollback_champion,
-    start_pipeline,
 )
+from tasks.runs import start_pipeline
+from tasks.scoring import paired_difference
 
 
 def test_gate_never_promotes_a_worse_pass1_on_random_pairs(make_scores) -> None:
@@ -31,7 +33,8 @@ def test_gate_never_promotes_a_worse_pass1_on_random_pairs(make_scores) -> None:
         candidate = [min(1.0, max(0.0, r + rng.choice([0, 0.25, -0.25]) + shift)) for r in reference]
         candidate = [round(c * 4) / 4 for c in candidate]
         difference = paired_difference(candidate, reference, 500, trial)
-        ok, reason = decide_promotion(scores("grpo", candidate), scores("base", reference), difference, settings)
+        case = PromotionCase(scores("grpo", candidate), scores("base", reference), difference)
+        ok, reason = decide_promotion(case, settings)
         if ok:
             promoted += 1
             assert np.mean(candidate) > np.mean(reference), reason
@@ -40,18 +43,15 @@ def test_gate_never_promotes_a_worse_pass1_on_random_pairs(make_scores) -> None:
 
 def promote(config, tracker, adapter_dir, candidate, reference, champion):
     with tracker.stage("promote") as stage:
-        return run_promote(
-            stage,
-            config.tracking.registered_model_name,
-            adapter_dir,
-            adapter_dir,
+        case = PromotionCase(
             candidate,
             reference,
             paired_difference(candidate.per_prompt_pass1, reference.per_prompt_pass1),
-            champion,
-            config.promotion,
-            {"base_model": "tiny-random", "pipeline_run_id": tracker.run_id},
+            champion_version=champion,
         )
+        lineage = {"base_model": "tiny-random", "pipeline_run_id": tracker.run_id}
+        name = config.tracking.registered_model_name
+        return run_promote(stage, name, case, config.promotion, lineage, adapter_dir, adapter_dir)
 
 
 def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
@@ -59,7 +59,7 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
     config = tiny_config
     name = config.tracking.registered_model_name
     client = client_for(config.resolved_tracking_uri())
-    tracker = start_pipeline(config, "run-1", tmp_path / "run-1")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "run-1"))
     base = scores("base", [0.0, 0.25] * 20)
     good = scores("grpo", [0.75, 1.0] * 20)
     first = promote(config, tracker, tiny_adapter, good, base, None)
@@ -71,7 +71,7 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
 
     # A worse candidate, compared with the champion: registered, not promoted, reason recorded.
     worse = scores("grpo", [0.5, 0.5] * 20)
-    tracker = start_pipeline(config, "run-2", tmp_path / "run-2")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "run-2"))
     second = promote(config, tracker, tiny_adapter, worse, scores("champion", good.per_prompt_pass1), "1")
     assert not second.promoted and "does not exceed the margin" in second.reason
     assert str(alias_version(client, name, CHAMPION).version) == "1"
@@ -79,7 +79,7 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
     assert "margin" in client.get_model_version(name, "2").tags["grpoflow.promotion_decision"]
 
     # A better one becomes champion; rollback moves the alias back and the alias then loads the old one.
-    tracker = start_pipeline(config, "run-3", tmp_path / "run-3")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "run-3"))
     third = promote(config, tracker, tiny_adapter, scores("grpo", [1.0] * 40), scores("champion", [0.5] * 40), "1")
     assert third.promoted and str(alias_version(client, name, CHAMPION).version) == "3"
     assert rollback_champion(client, name, reason="test") == "1"
@@ -93,10 +93,10 @@ def test_better_promoted_worse_not_and_rollback_restores(tiny_config, tiny_adapt
 
 def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
     scores = make_scores
-    tracker = start_pipeline(tiny_config, "run-a", tmp_path / "run-a")
+    tracker = start_pipeline(tiny_config, RunLayout(tmp_path / "run-a"))
     base = scores("base", [0.0] * 20)
     promote(tiny_config, tracker, tiny_adapter, scores("grpo", [0.5] * 20), base, None)
-    tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")
+    tracker = start_pipeline(tiny_config, RunLayout(tmp_path / "run-b"))
     # This run evaluated with no champion present, but another run promoted meanwhile.
     late = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), base, None)
     assert not late.promoted and "champion moved" in late.reason
@@ -104,9 +104,7 @@ def test_champion_moved_during_evaluation_blocks_promotion(tiny_config, tiny_ada
 
 def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
     scores = make_scores
-    from tasks.tracking import RegistryError
-
-    tracker = start_pipeline(tiny_config, "run-b", tmp_path / "run-b")
+    tracker = start_pipeline(tiny_config, RunLayout(tmp_path / "run-b"))
     promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     with pytest.raises(RegistryError, match="no earlier champion"):
         rollback_champion(client_for(tiny_config.resolved_tracking_uri()), tiny_config.tracking.registered_model_name)
@@ -114,7 +112,7 @@ def test_rollback_without_history_is_a_clear_error(tiny_config, tiny_adapter, tm
 
 def test_a_resumed_run_registers_once(tiny_config, tiny_adapter, tmp_path, make_scores) -> None:
     scores = make_scores
-    tracker = start_pipeline(tiny_config, "run-once", tmp_path / "run-once")
+    tracker = start_pipeline(tiny_config, RunLayout(tmp_path / "run-once"))
     first = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     again = promote(tiny_config, tracker, tiny_adapter, scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     assert first.version == again.version == "1" and first.sft_version == again.sft_version == "1"

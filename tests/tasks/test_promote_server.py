@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from tasks.config import PipelineConfig
-from tasks.promote import run_promote
+from tasks.layout import RunLayout
+from tasks.promote import PromotionCase, run_promote
+from tasks.registry import CHAMPION, RegistryError, alias_version, client_for, fetch_adapter
+from tasks.runs import start_pipeline
 from tasks.scoring import paired_difference
-from tasks.tracking import CHAMPION, RegistryError, alias_version, client_for, start_pipeline
 
 
 def _free_port() -> int:
@@ -72,34 +74,31 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
         }
     )
     name = config.tracking.registered_model_name
-    tracker = start_pipeline(config, "server-run", tmp_path / "server-run")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "server-run"))
 
     def promote(candidate, reference, champion):
         with tracker.stage("promote") as stage:
-            return run_promote(
-                stage, name, tiny_adapter, tiny_adapter, candidate, reference,
-                paired_difference(candidate.per_prompt_pass1, reference.per_prompt_pass1),
-                champion, config.promotion, {"base_model": "tiny-random"},
-            )  # fmt: skip
+            difference = paired_difference(candidate.per_prompt_pass1, reference.per_prompt_pass1)
+            case = PromotionCase(candidate, reference, difference, champion_version=champion)
+            lineage = {"base_model": "tiny-random"}
+            return run_promote(stage, name, case, config.promotion, lineage, tiny_adapter, tiny_adapter)
 
     first = promote(scores("grpo", [1.0] * 20), scores("base", [0.0] * 20), None)
     assert first.promoted
     client = client_for(mlflow_server["uri"])
     assert str(alias_version(client, name, CHAMPION).version) == first.version
     # The version's adapter went through the server's artifact proxy and comes back from it.
-    from tasks.tracking import fetch_adapter
-
     _, local, _ = fetch_adapter(mlflow_server["uri"], f"models:/{name}@champion", tmp_path / "download")
     assert (local / "adapter_config.json").is_file()
 
     # The registry goes away in the middle of the next promotion: a clear error, and no alias moved.
     with pytest.raises(RegistryError), tracker.stage("promote") as stage:
         _stop(mlflow_server["process"])
-        run_promote(
-            stage, name, tiny_adapter, tiny_adapter, scores("grpo", [1.0] * 20), scores("champion", [0.0] * 20),
-            {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 20}, first.version, config.promotion,
-            {"base_model": "tiny-random"},
+        case = PromotionCase(
+            scores("grpo", [1.0] * 20), scores("champion", [0.0] * 20), {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 20},
+            champion_version=first.version,
         )  # fmt: skip
+        run_promote(stage, name, case, config.promotion, {"base_model": "tiny-random"}, tiny_adapter, tiny_adapter)
     mlflow_server["process"] = _start_server(mlflow_server["root"], mlflow_server["port"])
     assert str(alias_version(client_for(mlflow_server["uri"]), name, CHAMPION).version) == first.version
     versions = client_for(mlflow_server["uri"]).search_model_versions(f"name = '{name}'")

@@ -73,8 +73,9 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
 
     from reward_fns.registry import build_reward_functions
     from tasks.data import read_jsonl
-    from tasks.grpo import SharedPrefillGRPOTrainer, grpo_examples
+    from tasks.grpo import grpo_examples
     from tasks.models import load_policy, load_tokenizer
+    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
     from tasks.training import common_trainer_args
 
     tokenizer = load_tokenizer(tiny_model_dir)
@@ -144,7 +145,8 @@ def test_scoring_only_labelled_positions_keeps_the_sft_loss(tiny_config, tiny_sp
     from tasks.data import read_jsonl
     from tasks.models import load_base_model, load_tokenizer
     from tasks.sft import sft_examples
-    from tasks.training import common_trainer_args, lora_config, score_only_labelled_positions
+    from tasks.speedups.trl_patches import score_only_labelled_positions
+    from tasks.training import common_trainer_args, lora_config
 
     fp32 = tiny_config.model_copy(update={"model": tiny_config.model.model_copy(update={"precision": "fp32"})})
     tokenizer = load_tokenizer(tiny_model_dir)

@@ -7,15 +7,8 @@ from pathlib import Path
 import pytest
 
 from tasks.config import DataSettings, load_config
-from tasks.validate import (
-    QuarantineLimitExceeded,
-    enforce_limits,
-    fingerprint,
-    holdout_side,
-    normalize_math,
-    run_validate,
-    validate_rows,
-)
+from tasks.rows import fingerprint, holdout_side, normalize_math
+from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate, validate_rows
 
 GOOD = [
     {"id": "g1", "prompt": "What is 2 + 2?", "ground_truth": "4"},
@@ -168,14 +161,14 @@ def test_stage_writes_files_and_enforces_the_quarantine_limit(tmp_path: Path) ->
 
 
 def test_great_expectations_audit_names_failing_rows(tmp_path: Path) -> None:
-    from tasks.validate import _gx_audit
+    from tasks.expectations import gx_audit
 
     rows = [
         {"id": "a", "prompt": "fine", "ground_truth": "1"},
         {"id": "a", "prompt": "same id", "ground_truth": "2"},
         {"id": "c", "prompt": "y" * 50, "ground_truth": "3"},
     ]
-    failing, summary = _gx_audit(rows, DataSettings(max_prompt_chars=20), tmp_path / "docs")
+    failing, summary = gx_audit(rows, DataSettings(max_prompt_chars=20), tmp_path / "docs")
     assert summary["success"] is False
     assert any("ExpectColumnValuesToBeUnique" in r or "unique" in r for r in failing["a"])
     assert any("between" in r for r in failing["c"])

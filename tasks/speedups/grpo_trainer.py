@@ -1,0 +1,150 @@
+"""A GRPOTrainer that encodes each prompt once for its whole group, in generation and in the loss, on CPU.
+
+Overrides two private TRL methods (``_get_per_token_logps_and_entropies``, ``_generate_single_turn``) and uses
+TRL's private helpers; vLLM, multimodal, tool-calling, CUDA and multi-process runs go to TRL's own code.
+Must not import: Prefect, MLflow, the stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+from trl.extras.profiling import profiling_context
+from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
+
+from tasks.generation import sample_groups
+from tasks.precision import resolve_dtype
+from tasks.speedups.merged_copy import MergedCopy
+
+
+def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that hold distinct prompts (same tokens and padding), and for each row which of them it holds.
+    A GRPO batch has each prompt once per sample, in an order TRL shuffles.
+
+    >>> firsts, of_row = shared_prompts(torch.tensor([[1, 2], [0, 3], [1, 2], [1, 2]]), torch.ones(4, 2))
+    >>> firsts.tolist(), of_row.tolist()
+    ([0, 1], [0, 1, 0, 0])
+    """
+    rows_with_padding = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, of_row = torch.unique(rows_with_padding, dim=0, return_inverse=True)
+    rows = torch.arange(prompt_ids.size(0), device=prompt_ids.device)
+    firsts = torch.full((int(of_row.max()) + 1,), prompt_ids.size(0), dtype=torch.long, device=rows.device)
+    firsts = firsts.scatter_reduce(0, of_row, rows, reduce="amin")
+    order = firsts.argsort()  # number the prompts in order of first appearance
+    return firsts[order], order.argsort()[of_row]
+
+
+def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Any:
+    """The logits that predict the last ``logits_to_keep`` tokens of each row (rows × tokens × vocab), the same as
+    ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each distinct
+    prompt encoded once: its KV cache (and its gradient) is shared by the rows that continue it, so a group of G
+    samples costs one prompt plus G completions instead of G of each. Positions are those of the single call
+    (counted over the padded row), so the values agree to rounding.
+    """
+    from transformers import DynamicCache
+
+    prompt_length = input_ids.size(1) - logits_to_keep
+    prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    firsts, of_row = shared_prompts(prompts, prompt_mask) if prompt_length > 0 else (None, None)
+    if firsts is None or len(firsts) == input_ids.size(0):  # nothing shared: one plain pass
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits[
+            :, :-1
+        ]
+    cache = DynamicCache()
+    head = model(
+        input_ids=prompts[firsts],
+        attention_mask=prompt_mask[firsts],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[of_row]
+    if logits_to_keep == 1:
+        return head
+    cache.batch_select_indices(of_row)  # differentiable: the rows' gradients sum into their shared prompt
+    tail = model(
+        input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
+        attention_mask=attention_mask[:, :-1],
+        cache=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([head, tail], dim=1)
+
+
+class SharedPrefillGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer that encodes each prompt once for its whole group, in generation and in training.
+
+    TRL puts each prompt ``num_generations`` times in the batch and encodes every copy. Here, in generation,
+    the copies share one prefill (its KV cache is copied), and sampling runs on a plain copy of the policy with
+    the LoRA deltas folded in (``MergedCopy``), in the compute precision, refreshed once per optimizer step; in
+    the loss, the copies share one encoding of the prompt and its gradient (``completion_logits``). vLLM,
+    multimodal, tool-calling and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own
+    (its fused LM-head kernel).
+    """
+
+    def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generation_precision = precision
+        self._generation_model: MergedCopy | None = None
+        self._generation_model_step = -1
+
+    def _get_per_token_logps_and_entropies(  # noqa: ANN202
+        self,
+        model,  # noqa: ANN001
+        input_ids,  # noqa: ANN001
+        attention_mask,  # noqa: ANN001
+        logits_to_keep,  # noqa: ANN001
+        batch_size=None,  # noqa: ANN001
+        compute_entropy=False,  # noqa: ANN001
+        compute_aux_loss=False,  # noqa: ANN001
+        **multimodal,  # noqa: ANN003
+    ):
+        """Each group's prompt is encoded once (forward and backward) and its KV cache shared by the group's
+        completions; then plain logits → log-softmax, as TRL's fused, tiled LM-head kernel has no CPU kernel and
+        its pure-torch fallback is slower here than materializing the (small) completion logits."""
+        if compute_aux_loss or input_ids.is_cuda or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        chunk = batch_size or input_ids.size(0)  # TRL's chunking bounds the (rows × tokens × vocab) logits
+        all_logps, all_entropies = [], []
+        for start in range(0, input_ids.size(0), chunk):
+            ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]
+            with self.accelerator.autocast():
+                logits = completion_logits(model, ids, mask, logits_to_keep)
+            logits, targets = logits.float(), ids[:, -logits_to_keep:]
+            if compute_entropy:  # the entropy needs a gradient only when the loss has an entropy bonus
+                logps, entropy = selective_log_softmax_and_entropy(
+                    logits, targets, getattr(self, "_entropy_bonus_enabled", True), self.temperature
+                )
+                all_entropies.append(entropy)
+            else:
+                logps = selective_log_softmax(logits, targets, self.temperature)
+            all_logps.append(logps)
+        entropies = torch.cat(all_entropies) if compute_entropy else None
+        return torch.cat(all_logps), entropies, None
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001, ANN202
+        if self.use_vllm or images is not None or multimodal_fields or self.accelerator.num_processes > 1:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        if self._generation_model_step != self.state.global_step:  # the weights changed since the last copy
+            with profiling_context(self, "merge_for_generation"):
+                if self._generation_model is None:
+                    policy = self.accelerator.unwrap_model(self.model)
+                    self._generation_model = MergedCopy(policy, resolve_dtype(self.generation_precision))
+                else:
+                    self._generation_model.refresh()
+            self._generation_model_step = self.state.global_step
+        with profiling_context(self, "transformers.generate"):
+            completion_ids = sample_groups(
+                self._generation_model.model,
+                prompt_ids,
+                self.generation_config,
+                pad_id=self._tokenizer.pad_token_id,
+                eos_ids=self.eos_token_ids,
+            )
+        return completion_ids, None
