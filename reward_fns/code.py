@@ -87,10 +87,10 @@ def code_tests(
     workers: int | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """1.0 when every test passes; ``partial_credit`` when the program runs but a test fails (the practice
-    guide's shaping); 0.0 for a syntax error, a crash before the tests, a timeout, exhausted memory or tampering
-    with the test framework; ``None`` when the row's tests are unusable or the sandbox itself failed twice (cannot
-    judge).
+    """1.0 when every test passes; ``partial_credit`` only when the program ran to its tests and some failed
+    (the practice guide's shaping); 0.0 for a syntax error, a crash or an exit before or during the tests, a
+    timeout, exhausted memory, a resource limit reached (disk, file size) or tampering with the test framework;
+    ``None`` when the row's tests are unusable or the sandbox itself failed twice (cannot judge).
 
     >>> tests = "assert add(2, 3) == 5"
     >>> code_tests(completions=["```python\\ndef add(a, b):\\n    return a + b\\n```",

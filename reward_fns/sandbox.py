@@ -55,6 +55,7 @@ Status = Literal[
     "runtime_error",
     "timeout",
     "memory",
+    "limit",
     "killed",
     "tampering",
     "invalid_tests",
@@ -311,6 +312,8 @@ def _classify(reply: dict, nonce: str) -> SandboxResult:
             with contextlib.suppress(json.JSONDecodeError):
                 record = json.loads(line[len(nonce) + 8 :])
     output = {"stdout": stdout, "stderr": stderr}
+    if reply.get("limit_hit") and (record is None or record.get("status") in ("passed", "failed")):
+        return SandboxResult("limit", detail=f"resource limit: {reply['limit_hit']}", **output)
     if record is not None:
         return SandboxResult(
             status=record["status"],

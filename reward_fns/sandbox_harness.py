@@ -13,6 +13,7 @@ The parent counts a pass only from the record ``<nonce> result {...}`` written a
 Must not import: anything outside the standard library (it runs inside the sandbox).
 """
 
+import _thread
 import ast
 import builtins
 import contextlib
@@ -57,47 +58,119 @@ PRELOAD = [
 COMPARISON_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__hash__")
 BLOCKED_EVENTS = frozenset(
     {
-        "sys._getframe",
         "sys._current_frames",
         "sys.settrace",
         "sys.setprofile",
         "gc.get_objects",
         "gc.get_referrers",
         "gc.get_referents",
-        "code.__new__",
         "function.__new__",
     }
 )
-FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals", "f_globals"})
+# A frame is the way to the harness's state (the nonce, the tally of tests) and to the tests' namespace, so the
+# program may not obtain one. The standard library obtains frames too, to read a module name or a line number:
+# those functions may, and the few of them that hand the frame back to their caller only when that caller is in
+# the standard library as well. Keys: (file under the standard library, function); values: the file the caller
+# must be in, or None when the function keeps the frame to itself.
+FRAME_USERS = {
+    ("collections/__init__.py", "namedtuple"): None,
+    ("enum.py", "_create_"): None,
+    ("typing.py", "_caller"): None,
+    ("doctest.py", "_normalize_module"): None,
+    ("warnings.py", "warn"): None,
+    ("traceback.py", "extract_stack"): None,
+    ("traceback.py", "format_stack"): None,
+    ("traceback.py", "print_stack"): None,
+    ("traceback.py", "clear_frames"): None,
+    ("unittest/result.py", "_is_relevant_tb_level"): None,
+    ("asyncio/coroutines.py", "_format_coroutine"): None,
+    ("traceback.py", "walk_tb"): "traceback.py",
+    ("traceback.py", "walk_stack"): "traceback.py",
+    ("traceback.py", "_walk_tb_with_full_positions"): "traceback.py",
+    ("logging/__init__.py", "<lambda>"): "logging/__init__.py",  # logging.currentframe, for findCaller
+}
+FRAME_HOLDERS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 
 
 class UntrustedComparison(Exception):
     """A test compared a value whose comparison methods the solution wrote (e.g. ``__eq__`` always True)."""
 
 
-def _trusted_code(function: object) -> bool:
+def _trusted_code(function: object, klass: type) -> bool:
     code = getattr(function, "__code__", None)
     if code is None:  # builtin slot, C method
         return True
-    return code.co_filename == TESTS_FILE or code.co_filename.startswith(_STDLIB)
+    if code.co_filename == TESTS_FILE or code.co_filename.startswith(_STDLIB):
+        return True
+    return _generated_by_dataclasses(code, klass)
+
+
+def _dataclass_reference_code() -> dict:
+    """The code ``dataclasses`` generates for each comparison method and number of compared fields, made once,
+    before any program runs: a solution's dataclass comparison is trusted only when its code is this code."""
+    import dataclasses
+
+    reference = {}
+    for count in range(_MAX_DATACLASS_FIELDS + 1):
+        fields = [f"f{index}" for index in range(count)]
+        made = dataclasses.make_dataclass("R", fields, eq=True, order=True, frozen=True)
+        for name in ("__eq__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__"):
+            reference[(name, count)] = made.__dict__[name].__code__
+    return reference
+
+
+_MAX_DATACLASS_FIELDS = 24
+_DATACLASS_CODE: dict = {}  # filled by prepare() before any job runs
+_FIELD = object()  # dataclasses' marker of a real field, taken by prepare() before any job runs
+
+
+def _compared_fields(klass: type) -> list[str] | None:
+    fields = klass.__dict__.get("__dataclass_fields__")
+    if type(fields) is not dict:
+        return None
+    compared = [name for name, spec in fields.items() if getattr(spec, "compare", False)]
+    return [name for name in compared if getattr(fields[name], "_field_type", None) is _FIELD]
+
+
+def _generated_by_dataclasses(code: object, klass: type) -> bool:
+    """Whether ``code`` is the comparison ``dataclasses`` writes for ``klass``'s compared fields."""
+    names = _compared_fields(klass)
+    if names is None or code.co_filename != "<string>":
+        return False
+    reference = _DATACLASS_CODE.get((code.co_name, len(names)))
+    if reference is None:
+        return False
+    renamed = {f"f{index}": name for index, name in enumerate(names)}
+    expected_names = tuple(renamed.get(name, name) for name in reference.co_names)
+    return (code.co_code, code.co_consts, code.co_names) == (reference.co_code, reference.co_consts, expected_names)
 
 
 def _check_value(value: object, depth: int = 0) -> None:
     """Raise UntrustedComparison when ``value`` (or anything it contains) compares through solution code."""
     if depth > 20:
         raise UntrustedComparison("value nested too deeply to check")
-    for klass in type(value).__mro__:
+    klass = type(value)
+    for base in klass.__mro__:
         for name in COMPARISON_DUNDERS:
-            method = klass.__dict__.get(name)
-            if method is not None and not _trusted_code(method):
-                raise UntrustedComparison(f"{type(value).__name__}.{name} is defined by the solution")
-    if type(value) in (list, tuple, set, frozenset):
-        for item in list(value)[:10000]:
-            _check_value(item, depth + 1)
-    elif type(value) is dict:
-        for key, item in list(value.items())[:10000]:
+            method = base.__dict__.get(name)
+            if method is not None and not _trusted_code(method, base):
+                raise UntrustedComparison(f"{klass.__name__}.{name} is defined by the solution")
+    # Containers compare their items (subclasses too, e.g. namedtuples); dataclasses compare their fields.
+    if isinstance(value, dict):
+        for key, item in list(dict.items(value))[:10000]:
             _check_value(key, depth + 1)
             _check_value(item, depth + 1)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for item in list(_ITERATE[next(t for t in _ITERATE if isinstance(value, t))](value))[:10000]:
+            _check_value(item, depth + 1)
+    else:
+        for base in klass.__mro__:
+            for name in _compared_fields(base) or ():
+                with contextlib.suppress(AttributeError):
+                    _check_value(object.__getattribute__(value, name), depth + 1)
+
+
+_ITERATE = {list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__, frozenset: frozenset.__iter__}
 
 
 _OPERATORS = {
@@ -115,8 +188,29 @@ _OPERATORS = {
 _OPERATOR_CODES = list(_OPERATORS)
 
 
+# Builtins the guards and the tally rely on, taken when the harness loads (before any program): a program that
+# replaces one of them is tampering, however briefly.
+_CRITICAL_BUILTINS = tuple(
+    (name, getattr(builtins, name))
+    for name in (
+        "type", "isinstance", "bool", "list", "dict", "tuple", "set", "frozenset", "getattr", "next", "iter",
+        "exec", "vars", "id", "object", "len", "str", "repr", "callable", "compile", "BaseException",
+        "MemoryError", "AssertionError",
+    )
+)  # fmt: skip
+
+
+def _builtins_intact(namespace: dict = vars(builtins), critical: tuple = _CRITICAL_BUILTINS) -> bool:
+    for name, original in critical:  # noqa: SIM110 - ``all`` is a builtin the program could replace
+        if namespace.get(name) is not original:
+            return False
+    return True
+
+
 def _guarded_compare(left: object, codes: tuple[int, ...], *rights: object) -> bool:
     """``left op1 rights[0] op2 rights[1] ...`` after checking every operand is trustworthy."""
+    if not _builtins_intact():
+        raise UntrustedComparison("the program replaced a builtin")
     _check_value(left)
     for value in rights:
         _check_value(value)
@@ -128,6 +222,8 @@ def _guarded_compare(left: object, codes: tuple[int, ...], *rights: object) -> b
 
 
 def _guarded_truth(value: object) -> bool:
+    if not _builtins_intact():
+        raise UntrustedComparison("the program replaced a builtin")
     _check_value(value)
     return bool(value)
 
@@ -197,9 +293,9 @@ def _test_units(tree: ast.Module, entry_point: str | None) -> tuple[ast.Module, 
     return ast.Module(body=setup, type_ignores=[]), units
 
 
-def _run_unit(kind: str, target: str, namespace: dict, compiled: dict) -> None:
+def _run_unit(kind: str, target: str, namespace: dict, compiled: dict, run: object = exec) -> None:
     if kind == "assert":
-        exec(compiled[target], namespace)
+        run(compiled[target], namespace)
     elif kind == "call":
         namespace[target]()
     elif kind == "check":
@@ -223,25 +319,119 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"[:300]
 
 
-def _framework_state() -> list[tuple[str, int]]:
-    """Identities of everything a solution could patch to make tests pass: builtins and unittest."""
-    state = [(f"builtins.{k}", id(v)) for k, v in vars(builtins).items()]
-    state += [(f"TestCase.{k}", id(v)) for k, v in vars(unittest.TestCase).items()]
-    state += [(f"sys.modules.{k}", id(sys.modules.get(k))) for k in ("unittest", "builtins", "sys")]
+def _framework_state(
+    namespace: dict = vars(builtins),
+    test_case: dict = vars(unittest.TestCase),
+    unittest_module: dict = vars(unittest),
+    modules: dict = sys.modules,
+    identity: object = id,
+    system: object = sys,
+) -> list[tuple[str, object]]:
+    """Identities of everything a solution could patch to make tests pass: builtins, unittest's TestCase (its
+    methods and what their closures hold), and the modules themselves. Its arguments are bound when the harness
+    loads, so a program cannot make it look at copies."""
+    state: list[tuple[str, object]] = [(f"builtins.{k}", identity(v)) for k, v in namespace.items()]
+    for name, value in test_case.items():
+        cells = getattr(value, "__closure__", None) or ()
+        state.append((f"TestCase.{name}", (identity(value), *[identity(cell.cell_contents) for cell in cells])))
+    state.append(("unittest.TestCase", identity(unittest_module.get("TestCase"))))
+    state += [(f"sys.modules.{k}", identity(modules.get(k))) for k in ("unittest", "builtins", "sys")]
+    state += [(f"sys.{k}", identity(getattr(system, k, None))) for k in ("excepthook", "unraisablehook", "displayhook")]
     return state
 
 
-def _audit(event: str, args: tuple) -> None:
-    if event in BLOCKED_EVENTS or event.startswith("ctypes."):
-        raise RuntimeError(f"sandbox: {event} is not allowed")
-    if event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRIBUTES:
-        raise RuntimeError(f"sandbox: reading {args[1]} is not allowed")
-    if event == "open" and args and isinstance(args[0], str | bytes):
-        path = os.fsdecode(args[0])
-        if path.startswith("/proc") or "/proc/" in path:
-            raise RuntimeError("sandbox: /proc is not readable")
-    if event == "compile" and len(args) > 1 and str(args[1]) in (TESTS_FILE,):
-        raise RuntimeError("sandbox: compiling as the tests is not allowed")
+# Code objects are made or swapped only by the standard library's ``types.coroutine`` (asyncio uses it); a program
+# that made its own could give them a standard-library file name and pass for it.
+CODE_MAKERS = {("types.py", "coroutine")}
+FUNCTION_STATE = ("__code__", "__defaults__", "__kwdefaults__")
+
+
+def install_frameless_signal_handlers() -> None:
+    """A signal handler the program installs is called with ``frame=None``: Python hands a handler the frame it
+    interrupted, which would lead to the harness's state."""
+    import _signal
+
+    install = _signal.signal
+
+    def frameless(signalnum: int, handler: object) -> object:
+        if callable(handler):
+            user_handler = handler
+
+            def handler(signum: int, frame: object) -> object:
+                return user_handler(signum, None)
+
+        return install(signalnum, handler)
+
+    _signal.signal = frameless
+
+
+def make_audit_hook(stdlib: str, harness_file: str) -> object:
+    """The audit hook installed before the program runs. Its state lives in this closure, which nothing the
+    program can reach refers to (audit hooks cannot be listed)."""
+    getframe, get_ident = sys._getframe, _thread.get_ident
+    frame_users = {(f"{stdlib}/{path}", name): caller and f"{stdlib}/{caller}" for (path, name), caller in FRAME_USERS.items()}  # noqa: E501
+    code_makers = {(f"{stdlib}/{path}", name) for path, name in CODE_MAKERS}
+    answering: set = set()  # threads inside the hook: its own look at the stack raises events too
+
+    def requester() -> object:
+        return getframe(3)  # 0: this function, 1: allowed(), 2: the hook, 3: the code that raised the event
+
+    def allowed(users: object) -> bool:
+        """Whether the code that raised the event is one of ``users`` (and called as that entry requires)."""
+        thread = get_ident()
+        if thread in answering:  # the hook's own look at the stack
+            return True
+        answering.add(thread)
+        try:
+            frame = requester()
+            code = frame.f_code
+            key = (code.co_filename, code.co_name)
+            if key not in users:
+                return False
+            needed_caller = users[key] if isinstance(users, dict) else None
+            caller = frame.f_back
+            return needed_caller is None or (caller is not None and caller.f_code.co_filename == needed_caller)
+        finally:
+            answering.discard(thread)
+
+    def is_file_source(filename: str, source: object) -> bool:
+        """Whether ``source`` is the text of ``filename`` (what importing a module compiles)."""
+        try:
+            with open(filename, "rb") as handle:
+                on_disk = handle.read()
+        except OSError:
+            return False
+        text = source if isinstance(source, bytes | bytearray) else source.encode() if isinstance(source, str) else None
+        return text is not None and bytes(text) == on_disk
+
+    def audit(event: str, args: tuple) -> None:
+        if event in BLOCKED_EVENTS or event.startswith("ctypes."):
+            raise RuntimeError(f"sandbox: {event} is not allowed")
+        if event == "code.__new__" and not allowed(code_makers):
+            raise RuntimeError("sandbox: making code objects is not allowed")
+        if event == "object.__setattr__" and len(args) > 1 and args[1] in FUNCTION_STATE:
+            code = getattr(args[0], "__code__", None)
+            if args[1] == "__code__" and not allowed(code_makers):
+                raise RuntimeError("sandbox: replacing a function's code is not allowed")
+            if code is not None and code.co_filename == harness_file:
+                raise RuntimeError(f"sandbox: changing the harness's {args[1]} is not allowed")
+        if event == "open" and args and isinstance(args[0], str | bytes):
+            path = os.fsdecode(args[0])
+            if path.startswith("/proc") or "/proc/" in path:
+                raise RuntimeError("sandbox: /proc is not readable")
+        if event == "compile" and len(args) > 1:
+            filename = args[1] if isinstance(args[1], str) else os.fsdecode(args[1]) if args[1] else ""
+            if filename == TESTS_FILE:
+                raise RuntimeError("sandbox: compiling as the tests is not allowed")
+            if (filename.startswith(stdlib) or filename == harness_file) and not is_file_source(filename, args[0]):
+                raise RuntimeError("sandbox: code may carry a standard-library file name only with that file's source")
+        frame_event = event == "sys._getframe" or (
+            event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_HOLDERS
+        )
+        if frame_event and not allowed(frame_users):
+            raise RuntimeError("sandbox: access to stack frames is not allowed")
+
+    return audit
 
 
 def _apply_limits(limits: dict, uid: int | None) -> None:
@@ -271,27 +461,66 @@ def _write(line: str) -> None:
         data = data[os.write(_result_fd, data) :]
 
 
+_JSON_ESCAPES = {**{code: f"\\u{code:04x}" for code in range(32)}, ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def json_text(text: str, escapes: dict = _JSON_ESCAPES) -> str:
+    """``text`` as a JSON string, with str methods only (the program can patch the ``json`` module, not these).
+
+    >>> import json; json.loads(json_text('a "b"\\\\ \\n \\ud800 é'))
+    'a "b"\\\\ \\n \\ud800 é'
+    """
+    return '"' + text.translate(escapes).encode("utf-8", "backslashreplace").decode("utf-8") + '"'
+
+
+def result_record(
+    nonce: str, status: str, total: int = 0, passed: int = 0, detail: str = "", failures=(), text=json_text
+) -> str:
+    """The final record, formatted without the ``json`` module (which the program could patch).
+
+    >>> import json; json.loads(result_record("n", "failed", 2, 1, "x", ["t: AssertionError"]).split(" ", 2)[2])
+    {'status': 'failed', 'tests_total': 2, 'tests_passed': 1, 'detail': 'x', 'failures': ['t: AssertionError']}
+    """
+    items = ", ".join([text(failure) for failure in failures])
+    return (
+        f'{nonce} result {{"status": "{status}", "tests_total": {total}, "tests_passed": {passed}, '
+        f'"detail": {text(detail)}, "failures": [{items}]}}'
+    )
+
+
 def run_job(job: dict, result_fd: int) -> None:
-    """In the forked child: limits, unprivileged user, the program, then every test; never returns."""
+    """In the forked child: limits, unprivileged user, the program, then every test; never returns.
+
+    Everything used once the program has started is a local taken before it started: the program can reach
+    this module's globals (through the functions it is handed) and patch shared modules such as ``json``,
+    but not this frame."""
     global _result_fd
     _result_fd = result_fd
     nonce = job.pop("nonce")
+    write, exit_now, encode = os.write, os._exit, str.encode
+    record, describe, run_unit, framework_state = result_record, _describe, _run_unit, _framework_state
+    builtins_intact = _builtins_intact
+    memory_error, untrusted_comparison, base_exception = MemoryError, UntrustedComparison, BaseException
+    exits = (SystemExit, KeyboardInterrupt)
+
+    def finish(line: str) -> None:
+        data = encode(line + "\n")
+        while data:
+            data = data[write(result_fd, data) :]
+        exit_now(0)  # no atexit handlers, no finalizers of the solution's objects
+
     try:
         _apply_limits(job["limits"], job.get("uid"))
         _drop_privileges(job.get("uid"))
     except OSError as exc:
-        _write(f"{nonce} result " + json.dumps({"status": "infrastructure", "detail": f"setup: {exc}"}))
-        os._exit(0)
+        finish(record(nonce, "infrastructure", detail=f"setup: {exc}"))
     try:
         solution = compile(job["program"], SOLUTION_FILE, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
-        detail = f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}{where}"
-        _write(f"{nonce} result " + json.dumps({"status": "syntax_error", "detail": detail}))
-        os._exit(0)
+        finish(record(nonce, "syntax_error", detail=f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}{where}"))
     except MemoryError:
-        _write(f"{nonce} result " + json.dumps({"status": "memory", "detail": "compiling the program"}))
-        os._exit(0)
+        finish(record(nonce, "memory", detail="compiling the program"))
     try:
         setup, units = _test_units(ast.parse(job["tests"], TESTS_FILE), job.get("entry_point"))
         setup = _GuardAsserts().visit(setup)
@@ -302,52 +531,56 @@ def run_job(job: dict, result_fd: int) -> None:
             if kind == "assert"
         }
     except SyntaxError as exc:  # the row's tests are broken: nothing can be judged
-        _write(f"{nonce} result " + json.dumps({"status": "invalid_tests", "detail": f"tests: {_describe(exc)}"}))
-        os._exit(0)
+        finish(record(nonce, "invalid_tests", detail=f"tests: {_describe(exc)}"))
     if not units:
-        _write(f"{nonce} result " + json.dumps({"status": "invalid_tests", "detail": "tests define no test"}))
-        os._exit(0)
+        finish(record(nonce, "invalid_tests", detail="tests define no test"))
     _guard_unittest()
-    before = _framework_state()
+    before = framework_state()
+    total = len(units)
     _write(f"{nonce} started")
-    sys.addaudithook(_audit)
+    sys.modules["__main__"] = type(sys)("__main__")  # ``import __main__`` gives the program an empty module
+    install_frameless_signal_handlers()
+    sys.addaudithook(make_audit_hook(_STDLIB, os.path.abspath(__file__)))
 
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
-    outcome = {"status": "passed", "tests_total": len(units), "tests_passed": 0, "failures": []}
+    status, detail, passed, failures = "passed", "", 0, []
     try:
         exec(solution, namespace)
-    except MemoryError:
-        outcome.update(status="memory", detail="MemoryError while loading the program")
-    except BaseException as exc:  # noqa: BLE001 - SystemExit too: leaving before the tests is a failure
-        outcome.update(status="runtime_error", detail=_describe(exc))
+    except memory_error:
+        status, detail = "memory", "MemoryError while loading the program"
+    except base_exception as exc:  # SystemExit too: leaving before the tests is a failure
+        status, detail = "runtime_error", describe(exc)
     entry_point = job.get("entry_point")
-    if outcome["status"] == "passed" and entry_point and entry_point not in namespace:
-        outcome.update(status="runtime_error", detail=f"the program does not define {entry_point!r}")
-    if outcome["status"] == "passed":
+    if status == "passed" and entry_point and entry_point not in namespace:
+        status, detail = "runtime_error", f"the program does not define {entry_point!r}"
+    if status == "passed":
         test_namespace = dict(namespace)  # the solution holds no reference to the tests' namespace
         test_namespace.update(__grpoflow_compare__=_guarded_compare, __grpoflow_truth__=_guarded_truth)
         try:
             exec(setup_code, test_namespace)
-        except BaseException as exc:  # noqa: BLE001
-            outcome.update(status="runtime_error", detail=f"test setup: {_describe(exc)}")
-    if outcome["status"] == "passed":
+        except base_exception as exc:
+            status, detail = "runtime_error", f"test setup: {describe(exc)}"
+    if status == "passed":
         for kind, target in units:
             try:
-                _run_unit(kind, target, test_namespace, compiled_asserts)
-                outcome["tests_passed"] += 1
-            except MemoryError:
-                outcome.update(status="memory", detail=f"MemoryError in {target}")
-            except UntrustedComparison as exc:
-                outcome.update(status="tampering", detail=str(exc))
-            except BaseException as exc:  # noqa: BLE001
-                outcome["failures"].append(f"{target[:120]}: {_describe(exc)}")
-        if outcome["status"] == "passed" and outcome["failures"]:
-            outcome["status"] = "failed"
-    if _framework_state() != before:
-        outcome.update(status="tampering", detail="the program changed builtins or unittest")
-    outcome["failures"] = outcome["failures"][:5]
-    _write(f"{nonce} result " + json.dumps(outcome))
-    os._exit(0)  # no atexit handlers, no finalizers of the solution's objects
+                run_unit(kind, target, test_namespace, compiled_asserts)
+                passed += 1
+            except memory_error:
+                status, detail = "memory", f"MemoryError in {target}"
+            except untrusted_comparison as exc:
+                status, detail = "tampering", describe(exc)
+            except exits as exc:  # leaving in the middle of the tests is not a test that failed
+                status, detail = "runtime_error", f"the program exited during {target[:120]}: {describe(exc)}"
+            except base_exception as exc:
+                failures.append(f"{target[:120]}: {describe(exc)}")
+            if not builtins_intact():
+                status, detail = "tampering", f"the program replaced a builtin during {target[:120]}"
+                break
+        if status == "passed" and failures:
+            status = "failed"
+    if framework_state() != before:
+        status, detail = "tampering", "the program changed builtins, unittest or sys hooks"
+    finish(record(nonce, status, total, passed, detail, failures[:5]))
 
 
 def _read_exact(fd: int, size: int) -> bytes:
@@ -442,6 +675,25 @@ def _head(path: str, limit: int) -> str:
         return ""
 
 
+def _limit_hit(workdir: str, file_size_bytes: int) -> str:
+    """What resource limit the job ran into, if any: a file (stdout and stderr included) that reached the
+    file-size limit, or a full working directory. Checked on what the job left, so a caught error counts too."""
+    seen = 0
+    for root, _, files in os.walk(workdir):
+        for name in files:
+            seen += 1
+            with contextlib.suppress(OSError):
+                if os.path.getsize(os.path.join(root, name)) >= file_size_bytes:
+                    return f"a file reached the {file_size_bytes >> 20} MB file-size limit"
+            if seen > 10_000:
+                return "more than 10,000 files written"
+    with contextlib.suppress(OSError):
+        stats = os.statvfs(workdir)
+        if stats.f_bavail * stats.f_frsize < 1 << 16:
+            return "the working directory is full"
+    return ""
+
+
 def supervise(job: dict, number: int) -> dict:
     """Run one job in a forked child with its own directory and process group; collect what it reported
     until the wall-clock deadline, then kill whatever of it is left and remove its directory."""
@@ -514,16 +766,28 @@ def supervise(job: dict, number: int) -> dict:
         "stdout": _head(out_path, cap),
         "stderr": _head(err_path, cap),
         "seconds": time.monotonic() - started,
+        "limit_hit": _limit_hit(workdir, limits["file_size_bytes"]),
     }
     shutil.rmtree(workdir, ignore_errors=True)
     return reply
 
 
+def prepare() -> None:
+    """What every job needs and no program may influence, made before any runs: the preloaded modules and the
+    reference code of dataclass comparisons."""
+    global _FIELD
+    for name in PRELOAD:
+        __import__(name)
+    import dataclasses
+
+    _FIELD = dataclasses._FIELD
+    _DATACLASS_CODE.update(_dataclass_reference_code())
+
+
 def serve(reply_fd: int) -> None:
     """The long-lived side of a sandbox: jobs arrive on stdin, each runs in a fresh forked child, replies go to
     ``reply_fd``. Forking from this warm interpreter is what makes a run cost milliseconds, not a new sandbox."""
-    for name in PRELOAD:
-        __import__(name)
+    prepare()
     gc.freeze()  # forked children then do not copy the pages of every tracked object when the collector runs
     number = 0
     while (job := read_frame(0)) is not None:
