@@ -190,11 +190,25 @@ def answer_completion(kind: str, ground_truth: str) -> str:
     return ground_truth
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+def jsonl_line(row: Any) -> bytes:
+    """One row as a UTF-8 JSON line, whatever it holds: text UTF-8 cannot encode (a lone surrogate) is written
+    as a JSON escape, so the raw value is still what ``json.loads`` gives back.
+
+    >>> jsonl_line({"a": "é"}), jsonl_line({"a": "\\ud800"})
+    (b'{"a": "\\xc3\\xa9"}\\n', b'{"a": "\\\\ud800"}\\n')
+    """
+    text = json.dumps(row, ensure_ascii=False, default=str)
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(row, ensure_ascii=True, default=str) + "\n").encode("ascii")
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> None:
+    """Write rows as JSONL atomically (a crash leaves the previous file or none)."""
+    from tasks.layout import write_atomically
+
+    write_atomically(path, b"".join(jsonl_line(row) for row in rows))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

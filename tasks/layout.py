@@ -9,6 +9,7 @@ Must not import: torch, transformers, Prefect, MLflow (it is plain paths and nam
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,35 @@ HANDOFF = "handoff"
 HANDOFF_TRAIN = "grpo_inputs/train"
 HANDOFF_SFT_ADAPTER = "grpo_inputs/sft_adapter"
 HANDOFF_GRPO_ADAPTER = "grpo_output/adapter"
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Write ``path`` whole or not at all: into a temporary sibling, flushed to disk, then renamed over it. A
+    crash leaves the previous file or none, never a partial one (later stages and resumes read these files)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with staging.open("wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def publish_dir(staging: Path, target: Path) -> Path:
+    """Move a fully written folder into place, replacing an older one (an adapter saved again on resume)."""
+    if target.exists():
+        aside = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, aside)
+        os.replace(staging, target)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staging, target)
+    return target
 
 
 class OutputDirError(OSError):

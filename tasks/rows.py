@@ -35,6 +35,33 @@ class RowProblem(ValueError):
         self.reasons = list(reasons)
 
 
+# Letter runs that are mathematics, not prose: functions, constants, operators, LaTeX's words and Greek letters.
+_MATH_WORDS = frozenset(
+    """sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp sqrt pi infty infinity inf mod
+    gcd lcm max min det dim ker deg arg lim sup frac dfrac tfrac cdot times div pm mp le ge leq geq neq ne
+    approx cup cap in notin subset subseteq emptyset varnothing left right begin end matrix pmatrix bmatrix
+    vmatrix cases mathbb mathrm mathbf text circ alpha beta gamma delta epsilon varepsilon theta vartheta
+    lambda mu nu xi rho sigma tau phi varphi chi psi omega eta zeta kappa iota""".split()  # noqa: SIM905
+)
+_LETTER_RUN = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # not the name of a LaTeX command
+
+
+def is_prose(answer: str) -> bool:
+    r"""Whether a math answer is words rather than mathematics: no digit, and two or more words, or one word of
+    three or more letters that is no mathematical name. math-verify reads such text as a product of letters, so
+    any arrangement of the same letters in ``\boxed{}`` would be scored correct.
+
+    >>> [is_prose(a) for a in ["see the figure", "undefined", r"\text{no solution}", "x", "ab", r"\frac{\pi}{2}"]]
+    [True, True, True, False, False, False]
+    >>> [is_prose(a) for a in ["5 meters", r"\sin x", r"(1, \infty)", r"\begin{pmatrix} a & b \end{pmatrix}"]]
+    [False, False, False, False]
+    """
+    if any(character.isdigit() for character in answer):
+        return False
+    words = [w for w in _LETTER_RUN.findall(answer) if w.lower() not in _MATH_WORDS]
+    return len(words) >= 2 or any(len(w) >= 3 for w in words)
+
+
 def _canonical_number(value: Decimal) -> str:
     text = format(value.normalize(), "f")
     return "0" if text in ("-0", "+0") else text
@@ -74,6 +101,8 @@ def normalize_math(raw: Any) -> str:
     number = plain_number(text) if "," not in text else None
     if number is not None:
         return _canonical_number(number)
+    if is_prose(text):
+        raise RowProblem(f"math answer {text!r} is words, not a mathematical answer (use data.kind exact or label)")
     if not parse_gold(text):
         raise RowProblem(f"math answer {text!r} is not parseable by math-verify")
     return text
@@ -126,6 +155,8 @@ def _check_text(name: str, value: str) -> None:
         raise RowProblem(f"{name} holds invalid UTF-8 (lone surrogate)") from exc
     if not value.strip():
         raise RowProblem(f"{name} is empty or whitespace")
+    if not any(character.isprintable() and not character.isspace() for character in value):
+        raise RowProblem(f"{name} has no printable characters")
 
 
 def prompt_text(prompt: Any) -> str:
@@ -204,9 +235,16 @@ def _ground_truth(row: dict[str, Any], settings: DataSettings) -> str:
 
 
 def _check_id(row: dict[str, Any]) -> None:
-    row_id = row.get("id")
-    if row_id is not None and (isinstance(row_id, bool) or not isinstance(row_id, str | int)):
+    """A row without an ``id`` key gets one from its position; an ``id`` that is there must be usable."""
+    if "id" not in row:
+        return
+    row_id = row["id"]
+    if row_id is None or (isinstance(row_id, float) and math.isnan(row_id)):
+        raise RowProblem("id is null")
+    if isinstance(row_id, bool) or not isinstance(row_id, str | int):
         raise RowProblem(f"id has type {type(row_id).__name__}, expected a string or integer")
+    if isinstance(row_id, str) and not row_id.strip():
+        raise RowProblem("id is empty")
 
 
 def check_row(row: Any, settings: DataSettings) -> tuple[dict[str, Any], str]:
@@ -262,5 +300,3 @@ def fingerprint(rows: Sequence[dict[str, Any]]) -> str:
     """A content hash of the kept, normalized rows (order-independent)."""
     lines = sorted(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str) for row in rows)
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()[:16]
-
-

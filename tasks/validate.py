@@ -18,6 +18,7 @@ from tasks.caching import stage_cache_key
 from tasks.config import DataSettings, PipelineConfig
 from tasks.data import _Unreadable, load_rows, write_jsonl
 from tasks.expectations import gx_audit
+from tasks.layout import write_atomically
 from tasks.reporting import publish_markdown, tracked_stage
 from tasks.rows import RowProblem, check_row, fingerprint, holdout_side
 from tasks.runs import Tracker
@@ -40,6 +41,7 @@ class ValidateResult:
     rows_holdout: int
     fingerprint: str
     reasons: dict[str, int] = field(default_factory=dict)
+    rows_unreadable: int = 0  # lines that were not JSON or not UTF-8 (counted among the quarantined)
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -101,13 +103,30 @@ def validate_rows(
     return kept, quarantined, gx_summary
 
 
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_NUMBER = re.compile(r"(?<![\w.-])-?\d+(?:\.\d+)?(?![\w-])")
+
+
+def reason_label(reason: str) -> str:
+    """A reason without its row's particulars, so rows rejected for the same thing count together: the part
+    before the first ': ' (what follows is detail), quoted values as '…', numbers as N.
+
+    >>> reason_label("prompt is 3 characters, outside [5, 2000]"), reason_label("invalid UTF-8: 'utf-8' codec")
+    ('prompt is N characters, outside [N, N]', 'invalid UTF-8')
+    >>> reason_label("math answer 'see it' is words, not a mathematical answer")
+    "math answer '…' is words, not a mathematical answer"
+    """
+    head = reason.split(": ", 1)[0]
+    return _NUMBER.sub("N", _QUOTED.sub("'…'", head)).strip()
+
+
 def reason_counts(quarantined: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """How many rows each kind of reason rejected (the reason text up to its first colon or quote)."""
+    """How many rows each kind of reason rejected (``reason_label``)."""
     counts: dict[str, int] = {}
     for record in quarantined:
         for reason in record["reasons"]:
-            head = re.split(r"[:'\"(\d]", reason, maxsplit=1)[0].strip()
-            counts[head] = counts.get(head, 0) + 1
+            label = reason_label(reason)
+            counts[label] = counts.get(label, 0) + 1
     return counts
 
 
@@ -134,11 +153,17 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         rows_holdout=len(holdout),
         fingerprint=fingerprint(kept),
         reasons=reason_counts(quarantined),
+        rows_unreadable=sum(isinstance(row, _Unreadable) for row in raw_rows),
     )
+    if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
+        raise RuntimeError(f"validation lost rows: {result.rows_in} in, {result.rows_kept} kept + "
+                           f"{result.rows_quarantined} quarantined")  # fmt: skip
+    # Quarantine and report first: if anything fails, the train / hold-out files of an earlier run are kept.
+    write_jsonl(result.quarantine_path, quarantined)
     write_jsonl(result.train_path, train)
     write_jsonl(result.holdout_path, holdout)
-    write_jsonl(result.quarantine_path, quarantined)
-    result.report_path.write_text(json.dumps({**result.to_json(), "great_expectations": gx_summary}, indent=2))
+    report = {**result.to_json(), "great_expectations": gx_summary}
+    write_atomically(result.report_path, json.dumps(report, indent=2, ensure_ascii=True))
     return result
 
 
@@ -182,7 +207,8 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
         publish_markdown(
             "validate",
             f"### validate\n{result.rows_in} rows in = {result.rows_kept} kept + {result.rows_quarantined} "
-            f"quarantined; split {result.rows_train} train / {result.rows_holdout} hold-out; "
+            f"quarantined ({result.rows_unreadable} of them unreadable lines); "
+            f"split {result.rows_train} train / {result.rows_holdout} hold-out; "
             f"fingerprint `{result.fingerprint}`\n\n| reason | rows |\n|---|---|\n{reasons}\n",
         )
         enforce_limits(result, config)

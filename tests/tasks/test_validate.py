@@ -45,6 +45,11 @@ BAD = [
     ({"id": "b23", "prompt": "p23", "ground_truth": "1", "completion": ["x"]}, "completion has type list"),
     ({"id": "b24", "prompt": "p24", "ground_truth": "   "}, "whitespace"),
     ({"id": "b25", "prompt": "p25", "ground_truth": "???"}, "not parseable by math-verify"),
+    ({"id": None, "prompt": "p26", "ground_truth": "1"}, "id is null"),
+    ({"id": "  ", "prompt": "p27", "ground_truth": "1"}, "id is empty"),
+    ({"id": "b28", "prompt": "\x00\x01\x7f", "ground_truth": "1"}, "prompt has no printable characters"),
+    ({"id": "b29", "prompt": "p29", "ground_truth": "see the figure"}, "is words, not a mathematical answer"),
+    ({"id": "b30", "prompt": "p30", "ground_truth": "\\boxed{undefined}"}, "is words, not a mathematical answer"),
 ]
 
 DUPLICATES = [
@@ -181,3 +186,56 @@ def test_relative_output_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     result = run_validate(config, Path("outputs") / "validate")  # as configs/demo.yaml has it: relative
     assert result.rows_kept == 50
     assert (tmp_path / "outputs" / "validate" / "data_docs" / "index.html").is_file()
+
+
+def test_hostile_rows_are_all_written_and_accounted_for(tmp_path: Path) -> None:
+    """A lone surrogate (valid JSON, invalid UTF-8), null and empty ids, control-character prompts, prose math
+    answers and unreadable lines: every row lands in exactly one output, every output file is valid UTF-8 JSONL,
+    and the raw value of a quarantined row comes back from it unchanged."""
+    lines = [
+        json.dumps({"id": "ok1", "prompt": "What is 1 + 1?", "ground_truth": "2"}),
+        '{"id": "sur", "prompt": "bad \\ud800 text", "ground_truth": "1"}',
+        json.dumps({"id": None, "prompt": "What is 2 + 2?", "ground_truth": "4"}),
+        json.dumps({"id": "ctl", "prompt": "\u0001\u0002", "ground_truth": "1"}),
+        json.dumps({"id": "words", "prompt": "Which figure?", "ground_truth": "see the figure"}),
+        "{not json",
+        json.dumps({"id": "ok2", "prompt": "What is 3 + 4?", "ground_truth": "7"}),
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(("\n".join(lines) + "\n").encode("utf-8") + b"\xff\xfe broken line\n")
+    config = load_config(None, {"data": {"source": str(data), "holdout_fraction": 0.5}})
+    result = run_validate(config, tmp_path / "validate")
+    assert result.rows_in == 8 == result.rows_kept + result.rows_quarantined
+    assert (result.rows_kept, result.rows_unreadable) == (2, 2)
+    outputs = {}
+    for path in (result.train_path, result.holdout_path, result.quarantine_path):
+        outputs[path.name] = [json.loads(line) for line in path.read_bytes().decode("utf-8").splitlines()]
+    assert len(outputs["train.jsonl"]) + len(outputs["holdout.jsonl"]) == 2
+    quarantined = {json.dumps(r["row"], sort_keys=True): r["reasons"] for r in outputs["quarantine.jsonl"]}
+    rows = [r for r in outputs["quarantine.jsonl"] if isinstance(r["row"], dict)]
+    surrogate = next(r for r in rows if r["row"].get("id") == "sur")
+    assert surrogate["row"]["prompt"] == "bad \ud800 text" and "lone surrogate" in surrogate["reasons"][0]
+    assert len(quarantined) == 6
+    report = json.loads(result.report_path.read_text())
+    assert report["rows_unreadable"] == 2
+    labels = set(result.reasons)
+    assert {"id is null", "prompt has no printable characters", "invalid UTF-8", "invalid JSON on line N"} <= labels
+    assert "math answer '…' is words, not a mathematical answer (use data.kind exact or label)" in labels
+
+
+def test_a_crash_while_writing_leaves_the_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from tasks.data import write_jsonl
+
+    target = tmp_path / "train.jsonl"
+    write_jsonl(target, [{"a": 1}])
+
+    def crash(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        write_jsonl(target, [{"a": 2}] * 1000)
+    assert target.read_text() == '{"a": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]  # no partial or temporary file left
