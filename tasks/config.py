@@ -229,6 +229,10 @@ class OrchestrationSettings(_Strict):
         "instead of in-process; needs a tracking server both workers reach (tracking.tracking_uri).",
     )
     grpo_deployment_timeout_s: float | None = Field(None, gt=0, description="Give up waiting after this long.")
+    promotion_lock_timeout_s: float = Field(1800, gt=0, description="Wait this long for another run's promotion.")
+    promotion_lease_s: float = Field(
+        30, gt=1, description="With a tracking server: the promotion lease a killed run leaves expires after this."
+    )
 
 
 class TrackingSettings(_Strict):

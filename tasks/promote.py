@@ -2,7 +2,8 @@
 only when the candidate beats the current champion (or the base model, when there is none).
 
 The decision reads one input (``PromotionCase``, taken from the evaluation by role) and the registry applies it
-in one call (``tasks.registry.apply_promotion``), inside a lock that serialises promotions of a model.
+in one call (``tasks.registry.apply_promotion``), inside a lock that serialises promotions of a model
+(``tasks.locks.promotion_lock``).
 Must not import: another stage's logic (it reads the evaluate stage's result types, nothing else); Prefect and
 MLflow appear only in its task wrapper; registry calls go through ``tasks/registry.py``.
 """
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.events import emit_pipeline_event
+from tasks.locks import promotion_lock
 from tasks.registry import RegistryError, apply_promotion, register_adapter
 from tasks.reporting import publish_markdown, tracked_stage
 from tasks.runs import StageRun, Tracker
@@ -201,7 +202,9 @@ def promote_task(
     model; a rejected candidate emits ``grpoflow.run.promotion-rejected``."""
     case = PromotionCase.from_evaluation(evaluation)
     name = config.tracking.registered_model_name
-    with tracked_stage(tracker, "promote") as stage, promotion_lock(name):
+    settings = config.orchestration
+    lock = promotion_lock(tracker.tracking_uri, name, settings.promotion_lease_s, settings.promotion_lock_timeout_s)
+    with tracked_stage(tracker, "promote") as stage, lock:
         tags = {**lineage(config, tracker, data_fingerprint), "promote_run_id": stage.run_id}
         result = run_promote(stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir)
         verdict = "became **champion**" if result.promoted else "set as challenger (not promoted)"
@@ -212,23 +215,3 @@ def promote_task(
     if not result.promoted:
         emit_pipeline_event("promotion-rejected", tracker.run_id, result.to_json())
     return result
-
-
-@contextmanager
-def promotion_lock(registered_model: str) -> Iterator[None]:
-    """One promotion per registered model at a time, across processes and workers: a Prefect global
-    concurrency limit of 1 (created on first use). Inside it, ``run_promote`` re-reads the alias before moving."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    name = f"grpoflow-promote-{registered_model}"
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with suppress(ObjectAlreadyExists):
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    with concurrency(name, occupy=1, timeout_seconds=1800, strict=True):
-        yield

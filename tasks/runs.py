@@ -36,10 +36,20 @@ class RegistryError(RuntimeError):
 
 @functools.lru_cache(maxsize=16)
 def client_for(tracking_uri: str) -> Any:
-    """One MlflowClient per URI: trainer callbacks log on every step, so it is not rebuilt each time."""
+    """One MlflowClient per URI: trainer callbacks log on every step, so it is not rebuilt each time. A local
+    store is opened under a file lock: opening a new one creates its schema, and two processes doing that at
+    once fail."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    from tasks.locks import local_store_path, store_initialisation
+
+    if local_store_path(tracking_uri) is None:
+        return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    with store_initialisation(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        client.search_experiments(max_results=1)  # opens (and if new, creates) the tracking tables
+        client.search_registered_models(max_results=1)  # and the registry's
+    return client
 
 
 def peak_rss_mb() -> float:

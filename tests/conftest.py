@@ -92,3 +92,33 @@ def make_scores():
         )
 
     return scores
+
+
+@pytest.fixture
+def lock_holder():
+    """Start a process that is inside promotion: it holds the promotion lock of ``locked-model`` (a 3 s lease on
+    a tracking server) until it is killed; returns it once it holds the lock."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\nfrom tasks.locks import promotion_lock\n"
+        "with promotion_lock(sys.argv[1], 'locked-model', lease_s=3):\n"
+        "    print('locked', flush=True)\n    time.sleep(600)\n"
+    )
+    started = []
+
+    def start(tracking_uri: str) -> subprocess.Popen:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", script, tracking_uri], cwd=REPO, stdout=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        started.append(holder)
+        assert holder.stdout.readline().strip() == "locked"
+        return holder
+
+    yield start
+    for holder in started:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()

@@ -1,6 +1,8 @@
 """Promotion through a real ``mlflow server`` on 127.0.0.1, and a registry that goes away mid-stage."""
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +33,10 @@ def _start_server(root: Path, port: int) -> subprocess.Popen:
         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
         "--workers", "1",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its own process group: the server forks a uvicorn worker that must go with it.
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -40,27 +45,44 @@ def _start_server(root: Path, port: int) -> subprocess.Popen:
                     return server
         except OSError:
             time.sleep(0.5)
-    server.kill()
+    _stop(server)
     raise RuntimeError("mlflow server did not become healthy in 90 s")
 
 
 def _stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
+    """Stop the server and every process it started (its process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    port = _free_port()
-    root = tmp_path / "server"
-    server = _start_server(root, port)
-    yield {"uri": f"http://127.0.0.1:{port}", "root": root, "port": port, "process": server}
-    _stop(server)
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        patch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+        port = _free_port()
+        root = tmp_path_factory.mktemp("mlflow-server")
+        server = {"uri": f"http://127.0.0.1:{port}", "root": root, "port": port, "process": _start_server(root, port)}
+        try:
+            yield server
+        finally:
+            _stop(server["process"])
+    assert _processes_mentioning(str(root)) == []  # no server or worker left behind
 
 
 def test_promote_through_a_server_then_registry_down_leaves_aliases(
@@ -103,3 +125,21 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
     assert str(alias_version(client_for(mlflow_server["uri"]), name, CHAMPION).version) == first.version
     versions = client_for(mlflow_server["uri"]).search_model_versions(f"name = '{name}'")
     assert len(versions) == 1  # nothing half-registered
+
+
+def test_a_promotion_killed_inside_the_lease_lets_the_next_in(mlflow_server, lock_holder) -> None:
+    """With a tracking server the promotion lock is a lease on the registered model: a killed holder stops
+    renewing it and the next promotion gets in once it expires (3 s here; 30 s by default)."""
+    from tasks.locks import LockTimeout, promotion_lock
+
+    holder = lock_holder(mlflow_server["uri"])
+    with pytest.raises(LockTimeout, match="still held"), promotion_lock(
+        mlflow_server["uri"], "locked-model", lease_s=3, timeout_s=6
+    ):
+        pass  # renewed by a live holder: still serialised past its lease
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    started = time.monotonic()
+    with promotion_lock(mlflow_server["uri"], "locked-model", lease_s=3, timeout_s=60):
+        waited = time.monotonic() - started
+    assert waited < 15
