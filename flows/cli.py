@@ -17,7 +17,12 @@ import tasks  # noqa: F401  (sets telemetry-off defaults before Prefect or MLflo
 from tasks.config import ConfigError, PipelineConfig, load_config
 from tasks.layout import RunLayout, command_dir
 
-app = typer.Typer(add_completion=False, help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote.")
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,  # grpoflow's own errors are printed by main(); bugs keep their traceback
+    help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote. Exit codes: 0 done, 1 bug, 2 user "
+    "error, 3 stopped by a gate, 4 infrastructure. --debug shows tracebacks.",
+)
 console = Console()
 DEFAULT_CONFIG = Path("configs/demo.yaml")
 
@@ -346,5 +351,51 @@ def deploy(
     console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")
 
 
+WHAT_TO_DO = {
+    2: "fix the input named above and run again",
+    3: "the run stopped on purpose: see the message for what the data or rewards need",
+    4: "fix the service, disk or lock named above; `grpoflow run --resume RUN_ID` continues a run",
+}
+
+
+class _NoUserTracebacks(logging.Filter):
+    """Drop the traceback Prefect logs for a grpoflow error (main() prints it in at most three lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tasks.errors import GrpoflowError
+
+        if record.exc_info and isinstance(record.exc_info[1], GrpoflowError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``grpoflow`` command: a grpoflow error prints what, where and what to do, and exits with its code
+    (``tasks/errors.py``); ``--debug`` or ``GRPOFLOW_DEBUG=1`` shows the traceback instead."""
+    import os
+
+    from tasks.errors import GrpoflowError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("GRPOFLOW_DEBUG", "") not in ("", "0")
+    args = [a for a in args if a != "--debug"]
+    if not debug:  # Prefect's handlers exist once its logging is set up; later set-ups keep them
+        from prefect.logging.configuration import setup_logging
+
+        setup_logging()
+        for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+            for handler in logging.getLogger(name).handlers:
+                handler.addFilter(_NoUserTracebacks())
+    try:
+        app(args, prog_name="grpoflow")
+    except GrpoflowError as exc:
+        if debug:
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"error: {message}\n{WHAT_TO_DO.get(exc.exit_code, '')} (exit {exc.exit_code}; --debug "
+                         "shows the traceback)\n")  # fmt: skip
+        raise SystemExit(exc.exit_code) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -16,10 +16,10 @@ from tasks.config import PipelineConfig
 from tasks.evaluate import champion_task, evaluate_task, lineup
 from tasks.events import announce_skipped, runs_closed_on_termination
 from tasks.grpo import grpo_task_for
-from tasks.layout import RunLayout
+from tasks.layout import RunLayout, write_atomically
 from tasks.probe import NoLearningSignal, probe_task, prompts_to_keep
 from tasks.promote import promote_task
-from tasks.runs import finish_pipeline, last_completed_run, stage_seconds, start_pipeline, tag_data_fingerprint
+from tasks.runs import close_pipeline, last_completed_run, start_pipeline, tag_data_fingerprint
 from tasks.sft import sft_task
 from tasks.validate import validate_task
 
@@ -90,8 +90,6 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
             raise
         finally:
             summary["probes"] = {label: result.to_json() for label, result in summary["probes"].items()}
-            summary["stage_seconds"] = stage_seconds(tracker)
-            finish_pipeline(tracker, status, summary)
-            layout.run_dir.mkdir(parents=True, exist_ok=True)
-            layout.summary_path.write_text(json.dumps(summary, indent=2, default=str))
+            close_pipeline(tracker, status, summary)  # never hides the stage's own error
+            write_atomically(layout.summary_path, json.dumps(summary, indent=2, default=str))
     return summary

@@ -18,6 +18,11 @@ RUNTIME_DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
     # Stage progress (generation batches, evaluation) goes to the Prefect UI's run logs too.
     "PREFECT_LOGGING_EXTRA_LOGGERS": "tasks,reward_fns",
+    # MLflow's HTTP client retries for minutes when a server is gone; a run should fail in seconds and say so.
+    # tracking.http_retries / tracking.http_timeout_s set these per run.
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
     os.environ.setdefault(_name, _value)

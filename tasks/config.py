@@ -28,6 +28,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.errors import UserError
+
 TaskKind = Literal["math", "code", "json", "label", "exact"]
 Precision = Literal["auto", "fp32", "bf16"]
 
@@ -239,6 +241,8 @@ class TrackingSettings(_Strict):
     tracking_uri: str | None = Field(None, description="Default: a SQLite store under output_dir.")
     registered_model_name: str = "grpoflow-demo"
     experiment_name: str = "grpoflow"
+    http_retries: int | None = Field(None, ge=0, description="MLflow HTTP retries (default 2; MLflow's own: 7).")
+    http_timeout_s: float | None = Field(None, gt=0, description="MLflow HTTP request timeout (default 20 s).")
 
 
 class PipelineConfig(_Strict):
@@ -281,7 +285,7 @@ class PipelineConfig(_Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file that cannot be used; the message names the file and every bad key's path."""
 
 

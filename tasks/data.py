@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import ArithmeticSettings, DataSettings
+from tasks.errors import UserError
 
 BUILTIN_ARITHMETIC = "builtin:arithmetic"
 BUILTIN_HUMANEVAL = "builtin:humaneval"
@@ -19,7 +20,7 @@ HUMANEVAL_INSTRUCTION = (
 HUB_PREFIX = "hub:"
 
 
-class DataSourceError(RuntimeError):
+class DataSourceError(UserError, RuntimeError):
     """A data source that cannot be read; the message names the file or id."""
 
 

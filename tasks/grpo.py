@@ -20,6 +20,7 @@ from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_fun
 from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
+from tasks.errors import GateStop
 from tasks.handoff import handoff_download, handoff_upload
 from tasks.layout import (
     ADAPTER,
@@ -44,7 +45,7 @@ from tasks.training import (
 logger = logging.getLogger(__name__)
 
 
-class RewardNoneLimitExceeded(RuntimeError):
+class RewardNoneLimitExceeded(GateStop, RuntimeError):
     """Too many rewards were ``None`` (cannot judge): TRL would silently train on them as zeros."""
 
 

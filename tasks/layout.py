@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import InfrastructureError
+
 CONFIG_SNAPSHOT = "config.json"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"  # inside a training stage's folder
@@ -56,7 +58,7 @@ def publish_dir(staging: Path, target: Path) -> Path:
     return target
 
 
-class OutputDirError(OSError):
+class OutputDirError(InfrastructureError, OSError):
     """The output directory cannot hold a run: not writable, or (nearly) out of space."""
 
 

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from tasks.errors import InfrastructureError
+
 logger = logging.getLogger(__name__)
 
 LEASE_TAG = "grpoflow.promotion_lease"
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(InfrastructureError, TimeoutError):
     """A lock was not granted in time; the message names the holder."""
 
 

@@ -18,6 +18,7 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt, write_jsonl
+from tasks.errors import GateStop
 from tasks.events import emit_pipeline_event
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
@@ -28,7 +29,7 @@ from tasks.scoring import score_groups
 logger = logging.getLogger(__name__)
 
 
-class NoLearningSignal(RuntimeError):
+class NoLearningSignal(GateStop, RuntimeError):
     """The probe found too few prompt groups whose rewards differ: GRPO would learn nothing."""
 
 

@@ -12,7 +12,9 @@ import errno
 import functools
 import json
 import logging
+import os
 import resource
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import InfrastructureError, is_disk_full
 from tasks.layout import OutputDirError, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -30,7 +33,7 @@ FINGERPRINT_TAG = "grpoflow.data_fingerprint"
 SKIPPED_TAG = "grpoflow.skipped"
 
 
-class RegistryError(RuntimeError):
+class RegistryError(InfrastructureError, RuntimeError):
     """The MLflow store or registry could not be reached or refused a change; nothing was half-moved."""
 
 
@@ -144,11 +147,14 @@ class Tracker:
         ``on_success(name, mlflow_run_id)`` runs when the stage finished (the Prefect link to the run)."""
         stage_dir = self.layout.stage_dir(name)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=name,
-            tags={"mlflow.parentRunId": self.parent_run_id, RUN_ID_TAG: self.run_id, STAGE_TAG: name},
-        )
+        try:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=name,
+                tags={"mlflow.parentRunId": self.parent_run_id, RUN_ID_TAG: self.run_id, STAGE_TAG: name},
+            )
+        except Exception as exc:
+            raise tracking_error(self.tracking_uri, f"opening the MLflow run of stage {name}", exc) from exc
         stage = StageRun(self.tracking_uri, run.info.run_id, name, stage_dir)
         started = time.perf_counter()
         status = "FAILED"
@@ -157,9 +163,12 @@ class Tracker:
             status = "FINISHED"
             if on_success is not None:
                 on_success(name, stage.run_id)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise OutputDirError(errno.ENOSPC, f"disk full while stage {name} wrote under {stage_dir}") from exc
+        except Exception as exc:
+            # Libraries report a full disk in their own words (torch's writer: "file write failed", no errno).
+            if (is_disk_full(exc) or _nearly_full(stage_dir)) and not isinstance(exc, OutputDirError):
+                raise OutputDirError(
+                    errno.ENOSPC, f"disk full while stage {name} wrote (under {stage_dir} or the tracking store)"
+                ) from exc
             raise
         finally:
             seconds = time.perf_counter() - started
@@ -171,11 +180,22 @@ class Tracker:
                 logger.warning("could not close MLflow run of stage %s: %s", name, exc)
 
 
+def _nearly_full(folder: Path, below_mb: float = 16) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < below_mb * 2**20
+    except OSError:
+        return False
+
+
 def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
     """Create (or reuse) the experiment and open the pipeline's parent run, tagged with the run id."""
     run_id = layout.run_id
-    client = client_for(config.resolved_tracking_uri())
+    if config.tracking.http_retries is not None:
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(config.tracking.http_retries)
+    if config.tracking.http_timeout_s is not None:
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(config.tracking.http_timeout_s))
     try:
+        client = client_for(config.resolved_tracking_uri())
         experiment = client.get_experiment_by_name(config.tracking.experiment_name)
         if experiment is None:
             # A local store keeps artifacts beside it; a tracking server chooses (and serves) its own location.
@@ -185,6 +205,8 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
         else:
             experiment_id = experiment.experiment_id
         earlier = close_interrupted_runs(client, experiment_id, run_id)
+        if earlier:
+            logger.warning("closed the MLflow runs an earlier attempt at %s left RUNNING (marked FAILED)", run_id)
         parent = client.create_run(
             experiment_id,
             run_name=run_id,
@@ -196,7 +218,7 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
             },
         )
     except Exception as exc:
-        raise RegistryError(f"MLflow at {config.resolved_tracking_uri()} is unavailable: {exc}") from exc
+        raise tracking_error(config.resolved_tracking_uri(), "starting the pipeline run", exc) from exc
     tracker = Tracker(config.resolved_tracking_uri(), experiment_id, parent.info.run_id, run_id, layout.run_dir)
     stage = StageRun(tracker.tracking_uri, parent.info.run_id, "pipeline", layout.run_dir)
     stage.log_params(_flatten(config.model_dump(mode="json")))
@@ -255,6 +277,32 @@ def finish_pipeline(tracker: Tracker, status: str, summary: dict[str, Any] | Non
     if summary is not None:
         client.log_dict(tracker.parent_run_id, summary, "summary.json")
     client.set_terminated(tracker.parent_run_id, status)
+
+
+def close_pipeline(tracker: Tracker, status: str, summary: dict[str, Any]) -> bool:
+    """Record the stage times and the summary, and close the parent run, on the way out of a run; never raises,
+    so the run's own error is the one reported. When tracking is unreachable, says that the runs left RUNNING
+    are closed by the next command that opens this pipeline run (``grpoflow run --resume``)."""
+    try:
+        summary["stage_seconds"] = stage_seconds(tracker)
+        finish_pipeline(tracker, status, summary)
+        return True
+    except Exception as exc:
+        logger.warning(
+            "could not close the MLflow runs of %s at %s (%s: %s); they are closed when the run is resumed "
+            "(grpoflow run --resume %s)", tracker.run_id, tracker.tracking_uri, type(exc).__name__, str(exc)[:200],
+            tracker.run_id,
+        )  # fmt: skip
+        return False
+
+
+def tracking_error(tracking_uri: str, doing: str, error: BaseException) -> Exception:
+    """The one error for a tracking store that failed: disk full, or unreachable (named by its URI)."""
+    if is_disk_full(error):
+        return OutputDirError(errno.ENOSPC, f"disk full while {doing} (tracking store {tracking_uri})")
+    return RegistryError(
+        f"MLflow at {tracking_uri} is unavailable while {doing}: {type(error).__name__}: {str(error)[:200]}"
+    )
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

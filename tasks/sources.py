@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -30,7 +32,7 @@ _TINY_CHAT_TEMPLATE = (
 )
 
 
-class ModelSourceError(RuntimeError):
+class ModelSourceError(UserError, RuntimeError):
     """A model source that cannot be resolved; the message says which and why."""
 
 

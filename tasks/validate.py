@@ -17,6 +17,7 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import DataSettings, PipelineConfig
 from tasks.data import _Unreadable, load_rows, write_jsonl
+from tasks.errors import UserError
 from tasks.expectations import gx_audit
 from tasks.layout import write_atomically
 from tasks.reporting import publish_markdown, tracked_stage
@@ -24,7 +25,7 @@ from tasks.rows import RowProblem, check_row, fingerprint, holdout_side
 from tasks.runs import Tracker
 
 
-class QuarantineLimitExceeded(RuntimeError):
+class QuarantineLimitExceeded(UserError, RuntimeError):
     """More rows were rejected than the config allows; the quarantine file says which and why."""
 
 

@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -97,3 +101,27 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     result = runner.invoke(app, ["evaluate", str(config), "--model", "models:/cli-model@champion"])
     assert result.exit_code == 0, result.output
     assert "v1" in result.output and "pass@1" in result.output
+
+
+def _grpoflow(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "flows.cli", "run", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_user_error_prints_what_and_what_to_do_without_a_traceback(tmp_path: Path) -> None:
+    result = _grpoflow(tmp_path, "--set", f"data.source={tmp_path / 'missing.jsonl'}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    assert result.stderr.strip().splitlines()[-2:] == [
+        f"error: data file not found: {tmp_path / 'missing.jsonl'}",
+        "fix the input named above and run again (exit 2; --debug shows the traceback)",
+    ]
+
+
+def test_an_unreachable_tracking_server_fails_fast_naming_it(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _grpoflow(tmp_path, "--set", "tracking.tracking_uri=http://127.0.0.1:9", "--debug")
+    assert result.returncode != 0 and time.monotonic() - started < 90  # MLflow's own retries took ~4 minutes
+    assert "RegistryError: MLflow at http://127.0.0.1:9 is unavailable" in result.stderr  # --debug: the traceback
+    assert "Traceback" in result.stderr
