@@ -77,6 +77,12 @@ def run(
             console.print(f"[red]no pipeline run {resume!r} to resume: {snapshot} does not exist[/red]")
             raise typer.Exit(2)
         cfg = PipelineConfig.model_validate_json(snapshot.read_text())
+        from tasks.runs import finished_parent_run
+
+        if finished_parent_run(cfg, resume):
+            summary_path = RunLayout.of(cfg.output_dir, resume).summary_path
+            console.print(f"run {resume} already finished: nothing to resume (its summary: {summary_path})")
+            return
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
     run_name = resume or run_id or new_run_id(cfg)
     console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")

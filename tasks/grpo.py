@@ -39,7 +39,9 @@ from tasks.training import (
     TrainResult,
     common_trainer_args,
     lora_config,
+    replay_history,
     resumable_checkpoint,
+    train_and_save,
 )
 
 logger = logging.getLogger(__name__)
@@ -226,10 +228,9 @@ def run_grpo(
     store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    adapter_dir = stage_dir / ADAPTER
-    trainer.save_model(str(adapter_dir))
-    return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
+    replay_history(resume_from, [recorder, *callbacks])
+    steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
+    return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
 
 
 @task(name="grpo", cache_key_fn=stage_cache_key, persist_result=True)

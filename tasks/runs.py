@@ -252,6 +252,18 @@ def tag_data_fingerprint(tracker: Tracker, fingerprint: str) -> None:
     tracker.client.set_tag(tracker.parent_run_id, FINGERPRINT_TAG, fingerprint)
 
 
+def finished_parent_run(config: Any, run_id: str) -> str | None:
+    """The MLflow parent run of pipeline run ``run_id`` when it has finished (nothing is left to resume)."""
+    client = client_for(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}' and attributes.status = 'FINISHED'"
+    )
+    return next((r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags), None)
+
+
 def last_completed_run(tracker: Tracker, config_hash: str, data_fingerprint: str) -> str | None:
     """The pipeline run id of the latest FINISHED, trained run with this config hash and data fingerprint."""
     runs = tracker.client.search_runs(

@@ -71,6 +71,20 @@ def correctness_function(config: PipelineConfig) -> Any:
     return resolve_reward(CORRECTNESS_REWARD[config.data.kind])
 
 
+def in_chunks(function: Any, completions: list[Any], columns: dict[str, list[Any]], size: int) -> list[Any]:
+    """Call a reward on ``size`` completions at a time, the batch a GRPO step gives it: its time budget
+    (``rewards[].timeout_s``) is set for that, and a few slow items must not turn a whole evaluation into None.
+
+    >>> in_chunks(lambda completions, n: [len(completions)] * len(completions), ["a"] * 5, {"n": [0] * 5}, 2)
+    [2, 2, 2, 2, 1]
+    """
+    values: list[Any] = []
+    for start in range(0, len(completions), max(1, size)):
+        window = slice(start, start + max(1, size))
+        values += function(completions=completions[window], **{k: v[window] for k, v in columns.items()})
+    return values
+
+
 def score_groups(
     config: PipelineConfig, rows: Sequence[dict[str, Any]], completions: Sequence[Sequence[str]]
 ) -> dict[str, Any]:
@@ -84,7 +98,7 @@ def score_groups(
     total = np.zeros(len(flat))
     none_counts: dict[str, int] = {}
     for function, weight in zip(functions, weights, strict=True):
-        values = function(completions=flat, **columns)
+        values = in_chunks(function, flat, columns, config.grpo.batch_size)
         none_counts[function.__name__] = sum(v is None for v in values)
         array = np.array([np.nan if v is None else v for v in values], dtype=float)
         per_function[function.__name__] = array.reshape(len(rows), group_size)

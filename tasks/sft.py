@@ -24,7 +24,9 @@ from tasks.training import (
     TrainResult,
     common_trainer_args,
     lora_config,
+    replay_history,
     resumable_checkpoint,
+    train_and_save,
 )
 
 
@@ -79,11 +81,10 @@ def run_sft(
     store_frozen_in(trainer.model, config.model.precision)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
+    replay_history(resume_from, [recorder, *callbacks])
     with score_only_labelled_positions():
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    adapter_dir = stage_dir / ADAPTER
-    trainer.save_model(str(adapter_dir))
-    return TrainResult(adapter_dir, trainer.state.global_step, time.perf_counter() - started, recorder.history)
+        steps = train_and_save(trainer, resume_from, config.sft.max_steps, stage_dir / ADAPTER)
+    return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
 
 
 @task(name="sft", cache_key_fn=stage_cache_key, persist_result=True)

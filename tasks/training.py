@@ -4,8 +4,11 @@ Must not import: Prefect, the stages."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -118,8 +121,9 @@ def check_checkpoint(path: Path) -> None:
 
 
 def resumable_checkpoint(checkpoints_dir: Path) -> Path | None:
-    """The newest checkpoint under ``checkpoints_dir`` that can be resumed from. A corrupt one is renamed
-    ``*.corrupt`` and the previous one is used instead, with a warning that says so."""
+    """The newest checkpoint under ``checkpoints_dir`` that can be resumed from. A corrupt one is set aside in
+    ``checkpoints/corrupt/`` (kept as evidence; the trainer's rotation deletes only ``checkpoint-*`` beside it) and
+    the one before it is tried; when none is left, training starts from scratch, and the log says which."""
     import logging
 
     logger = logging.getLogger(__name__)
@@ -128,13 +132,73 @@ def resumable_checkpoint(checkpoints_dir: Path) -> Path | None:
         key=lambda p: int(p.name.split("-")[-1]),
         reverse=True,
     )
-    for path in found:
+    for index, path in enumerate(found):
         try:
             check_checkpoint(path)
         except CorruptCheckpoint as exc:
-            logger.warning("checkpoint %s is corrupt (%s); falling back to the previous one", path, exc)
-            path.rename(path.with_name(path.name + ".corrupt"))
+            aside = checkpoints_dir / "corrupt" / path.name
+            aside.parent.mkdir(exist_ok=True)
+            if aside.exists():
+                aside = aside.with_name(f"{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            path.rename(aside)
+            then = f"trying {found[index + 1].name}" if index + 1 < len(found) else "starting from scratch"
+            logger.warning("checkpoint %s is corrupt (%s); set aside as %s; %s", path.name, exc, aside, then)
             continue
         logger.info("resuming from %s", path)
         return path
     return None
+
+
+def checkpoint_history(checkpoint: Path) -> list[dict[str, float]]:
+    """What the trainer logged up to ``checkpoint`` (its ``trainer_state.json``), one entry per logged step."""
+    import json
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return [
+        {k: float(v) for k, v in entry.items() if isinstance(v, int | float)}
+        for entry in state.get("log_history", [])
+        if "step" in entry
+    ]
+
+
+def replay_history(checkpoint: Path | None, callbacks: Sequence[Any]) -> None:
+    """Hand the metrics logged before ``checkpoint`` to the callbacks (the stage result's history, the stage's
+    MLflow run), so a resumed stage shows its whole loss curve, also when no step was left to train."""
+    if checkpoint is None:
+        return
+    for callback in callbacks:
+        if isinstance(callback, MlflowTrainerCallback):
+            callback.stage.log_metrics({"resumed_from_step": checkpoint_step(checkpoint)})
+    for entry in checkpoint_history(checkpoint):
+        state = SimpleNamespace(global_step=int(entry["step"]))
+        logs = {k: v for k, v in entry.items() if k != "step"}
+        for callback in callbacks:
+            if isinstance(callback, MetricsHistory | MlflowTrainerCallback):
+                callback.on_log(None, state, None, logs=logs)
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.split("-")[-1])
+
+
+def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapter_dir: Path) -> int:
+    """Train what is left from ``resume_from`` and save the adapter; returns the steps trained in all. A
+    checkpoint at ``max_steps`` (a kill after the last step) is the result itself: its adapter is taken as is
+    (resuming from it would train a step past ``max_steps``). The adapter folder is replaced whole or not at all."""
+    import shutil
+
+    from tasks.layout import publish_dir
+
+    staging = adapter_dir.with_name(f".{adapter_dir.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    if resume_from is not None and checkpoint_step(resume_from) >= max_steps:
+        staging.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(resume_from / name, staging / name)
+        steps = checkpoint_step(resume_from)
+    else:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        trainer.save_model(str(staging))
+        steps = trainer.state.global_step
+    publish_dir(staging, adapter_dir)
+    return steps

@@ -70,11 +70,21 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
         (r for r in runs if r.data.tags.get("grpoflow.stage") == "grpo"), key=lambda r: r.info.start_time
     )
     assert len(grpo_runs) == 2 and grpo_runs[0].info.status == "FAILED"
-    resumed_steps = [m.step for m in client.get_metric_history(grpo_runs[1].info.run_id, "reward")]
-    assert min(resumed_steps) >= 5 and max(resumed_steps) == 12  # continued from checkpoint-4, not from 0
+    resumed = grpo_runs[1].info.run_id
+    assert client.get_run(resumed).data.metrics["resumed_from_step"] == 4  # continued from checkpoint-4, not from 0
+    resumed_steps = [m.step for m in client.get_metric_history(resumed, "reward")]
+    assert sorted(resumed_steps) == list(range(1, 13))  # the whole curve: replayed up to 4, trained after
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert sorted(r.info.status for r in parents) == ["FAILED", "FINISHED"]
     assert len(client.search_model_versions("name = 'resume-model'")) == 1
     assert len(client.search_model_versions("name = 'resume-model-sft'")) == 1
     summary = json.loads((tmp_path / "out" / "resume-1" / "summary.json").read_text())
     assert summary["promotion"]["version"] == "1"
+
+    # Resuming a run that finished does nothing, and says so (no second finished parent run).
+    third = _run([str(config_path), "--resume", "resume-1"], env)
+    output, _ = third.communicate(timeout=120)
+    assert third.returncode == 0 and "already finished" in output, output[-2000:]
+    parents = [r for r in client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'resume-1'")
+               if "mlflow.parentRunId" not in r.data.tags]  # fmt: skip
+    assert sorted(r.info.status for r in parents) == ["FAILED", "FINISHED"]

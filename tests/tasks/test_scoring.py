@@ -44,3 +44,26 @@ def test_paired_difference_sees_a_consistent_gain() -> None:
 def test_paired_difference_needs_the_same_prompts() -> None:
     with pytest.raises(ValueError):
         paired_difference([1.0], [1.0, 0.0])
+
+
+def test_a_slow_reward_is_budgeted_per_step_sized_chunk_in_evaluation(tiny_config, tmp_path, monkeypatch) -> None:
+    """Evaluation scores hundreds of completions; the reward's time budget is for one GRPO step's batch. A reward
+    that takes 0.05 s per completion with a 1 s budget judges every completion (it would all be None in one call)."""
+    import sys
+
+    from tasks.config import PipelineConfig
+    from tasks.scoring import score_groups
+
+    (tmp_path / "slowreward.py").write_text(
+        "import time\ndef slow(completions, **kwargs):\n    time.sleep(0.05 * len(completions))\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("slowreward", None)
+    config = PipelineConfig.model_validate(
+        {**tiny_config.model_dump(), "rewards": [{"name": "slowreward:slow", "timeout_s": 1.0}]}
+    )
+    rows = [{"ground_truth": str(i)} for i in range(25)]
+    scored = score_groups(config, rows, [["x"] * 4 for _ in rows])  # 100 completions, 5 s in one call
+    assert scored["none_counts"] == {"slow": 0}
+    assert scored["per_function"]["slow"].sum() == 100

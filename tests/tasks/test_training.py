@@ -44,11 +44,27 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_config, tiny_spl
     weights = next((checkpoints / "checkpoint-2").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])  # a crash mid-write
     assert resumable_checkpoint(checkpoints) == checkpoints / "checkpoint-1"
-    assert (checkpoints / "checkpoint-2.corrupt").is_dir()
-    # Rerunning the stage resumes from checkpoint-1 and finishes the remaining step.
+    assert (checkpoints / "corrupt" / "checkpoint-2").is_dir()
+    # Rerunning the stage resumes from checkpoint-1, finishes the remaining step, and keeps the whole loss curve.
     resumed = run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
     assert resumed.steps == 2
-    assert [entry["step"] for entry in resumed.history if "loss" in entry] == [2.0]
+    assert [entry["step"] for entry in resumed.history if "loss" in entry] == [1.0, 2.0]
+    assert (checkpoints / "corrupt" / "checkpoint-2").is_dir()  # the evidence outlives the trainer's rotation
+    # Killed after the last step: the resume trains nothing, and still reports the losses it had.
+    again = run_sft(config, tiny_split.train_path, tiny_model_dir, tmp_path / "sft")
+    assert again.steps == 2 and [entry["step"] for entry in again.history if "loss" in entry] == [1.0, 2.0]
+
+
+def test_when_every_checkpoint_is_corrupt_training_starts_from_scratch(tmp_path, caplog) -> None:
+    from tasks.training import resumable_checkpoint
+
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{broken")
+    with caplog.at_level("WARNING"):
+        assert resumable_checkpoint(tmp_path) is None
+    assert "trying checkpoint-1" in caplog.text and "starting from scratch" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "corrupt").iterdir()) == ["checkpoint-1", "checkpoint-2"]
 
 
 def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) -> None:
