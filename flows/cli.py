@@ -292,6 +292,22 @@ def export(
 
 
 @app.command()
+def migrate(
+    name: Annotated[str, typer.Argument(help="Registered model name.")],
+    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+) -> None:
+    """Re-register versions registered as plain adapter folders as MLflow models (aliases move with them)."""
+    import tempfile
+
+    from tasks.packaging import migrate_versions
+
+    cfg = _config(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        moved = migrate_versions(cfg.resolved_tracking_uri(), name, cfg.tracking.experiment_name, Path(scratch))
+    console.print(", ".join(f"v{old} → v{new}" for old, new in moved.items()) or "nothing to migrate")
+
+
+@app.command()
 def up(
     config: ConfigArg = None,
     home: Annotated[

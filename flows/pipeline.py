@@ -13,6 +13,7 @@ from prefect.exceptions import TerminationSignal
 
 from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
+from tasks.errors import GateStop, UserError
 from tasks.evaluate import champion_task, evaluate_task, lineup
 from tasks.events import announce_skipped, runs_closed_on_termination
 from tasks.grpo import grpo_task_for
@@ -29,14 +30,19 @@ def new_run_id(config: PipelineConfig) -> str:
     return f"{config.name}-s{config.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a transient failure is retried; a user error (bad input) or a gate's stop would
+    only fail the same way again."""
+    error = state.data if isinstance(state.data, BaseException) else None
+    return not isinstance(error, UserError | GateStop)
+
+
 def with_retries(config: PipelineConfig, *stage_tasks: Any) -> list[Any]:
-    """The stage tasks with the configured retries: a retried stage resumes, trainers from their last
-    checkpoint, finished stages from Prefect's cache."""
-    retries = {
-        "retries": config.orchestration.task_retries,
-        "retry_delay_seconds": config.orchestration.retry_delay_seconds,
-    }
-    return [stage_task.with_options(**retries) for stage_task in stage_tasks]
+    """The stage tasks with the configured retries for transient failures: a retried stage resumes, trainers from
+    their last checkpoint, finished stages from Prefect's cache."""
+    settings = config.orchestration
+    options = {"retries": settings.task_retries, "retry_delay_seconds": settings.retry_delay_seconds}
+    return [stage_task.with_options(**options, retry_condition_fn=worth_retrying) for stage_task in stage_tasks]
 
 
 @flow(name="grpoflow-pipeline", flow_run_name="{run_id}", validate_parameters=False)
@@ -79,7 +85,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
             models = lineup(base_dir, grpo.adapter_dir, sft_adapter, reference)
             evaluation = evaluate(config, tracker, data.holdout_path, models)
             summary["evaluation"] = evaluation.to_json()
-            promotion = promote_task(config, tracker, evaluation, grpo.adapter_dir, sft_adapter, data.fingerprint)
+            promotion = promote_task(config, tracker, evaluation, grpo.adapter_dir, sft_adapter, data, probes)
             summary["promotion"] = promotion.to_json()
             status = "FINISHED"
         except NoLearningSignal as exc:

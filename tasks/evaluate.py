@@ -26,6 +26,7 @@ from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, 
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_table, tracked_stage
+from tasks.rows import prompt_text
 from tasks.runs import Tracker
 from tasks.scoring import bootstrap_interval, paired_difference, pass_at_k, score_groups
 
@@ -61,6 +62,7 @@ class ModelScores:
     tokens_per_second: float = 0.0
     general: GeneralAbility | None = None
     registered_version: str | None = None  # the registry version that was scored, if it is one
+    samples: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a few greedy answers (model cards)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,7 +163,12 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
             precision=config.model.precision,
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
+    samples = [
+        {"prompt": prompt_text(row["prompt"]), "completion": greedy[i][0], "correct": bool(greedy_correct[i])}
+        for i, row in enumerate(rows[:3])
+    ]
     return ModelScores(
+        samples=samples,
         registered_version=spec.registered_version,
         name=spec.name,
         n_prompts=len(rows),

@@ -24,6 +24,7 @@ from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.events import emit_pipeline_event
 from tasks.locks import promotion_lock
+from tasks.model_card import short_description
 from tasks.registry import RegistryError, apply_promotion, register_adapter
 from tasks.reporting import publish_markdown, tracked_stage
 from tasks.runs import StageRun, Tracker
@@ -126,6 +127,18 @@ def registry_errors(function: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+def headline_tags(scores: ModelScores) -> dict[str, str]:
+    """The few numbers a version carries as tags (the model card has the rest)."""
+    low, high = scores.pass1_interval
+    values = {"pass_at_1": scores.pass_at_k.get(1), "pass_at_1_low": low, "pass_at_1_high": high,
+              "greedy_accuracy": scores.greedy_accuracy}  # fmt: skip
+    return {f"metric.{k}": f"{v:.4f}" for k, v in values.items() if v is not None}
+
+
+# Packs one version: (role, adapter folder, promotion decision) -> the folder to register, and its card summary.
+Packager = Callable[[str, Path, str], tuple[Path, str]]
+
+
 @registry_errors
 def run_promote(
     stage: StageRun,
@@ -135,14 +148,36 @@ def run_promote(
     lineage: dict[str, Any],
     adapter_dir: Path,
     sft_adapter_dir: Path | None = None,
+    sft_scores: ModelScores | None = None,
+    package: Packager | None = None,
 ) -> PromotionResult:
-    """Log and register the adapters, decide, then apply the decision to the registry. Aliases move last, only
-    after registration succeeded, and only if ``champion`` still points where it did when the candidate was
-    evaluated."""
+    """Decide, register the adapters (each as an MLflow model with its card when ``package`` is given, else as
+    the plain folder), then apply the decision to the registry. Aliases move last, only after registration
+    succeeded, and only if ``champion`` still points where it did when the candidate was evaluated. Each version
+    carries its own model's numbers: the SFT backup the SFT policy's."""
     candidate, reference, difference = case.candidate, case.reference, case.difference
-    stage.log_artifact(adapter_dir, "adapter")
-    if sft_adapter_dir is not None:
-        stage.log_artifact(sft_adapter_dir, "sft_adapter")
+    promote, reason = decide_promotion(case, settings)
+    client = stage.client
+    summaries: dict[str, str] = {}
+    registered: dict[str, str | None] = {"sft": None}
+    for role, folder in (("sft", sft_adapter_dir), ("candidate", adapter_dir)):
+        if folder is None:
+            continue
+        decision = reason if role == "candidate" else "the SFT-stage backup of this run's adapter; never champion"
+        packed, summaries[role] = package(role, folder, decision) if package else (folder, "")
+        artifact = "model" if role == "candidate" else "sft_model"
+        stage.log_artifact(packed, artifact)
+        scores = candidate if role == "candidate" else sft_scores
+        tags = {**lineage, **(headline_tags(scores) if scores is not None else {})}
+        if role == "candidate":
+            tags.update({f"metric.gain_vs_{reference.name}": f"{difference['mean']:.4f}",
+                         f"metric.gain_vs_{reference.name}_low": f"{difference['low']:.4f}"})  # fmt: skip
+        name = registered_model if role == "candidate" else f"{registered_model}-sft"
+        number = registered[role] = register_adapter(client, name, stage.run_id, artifact, tags)
+        if summaries[role]:
+            client.update_model_version(name, number, short_description(summaries[role], name, number))
+    version = registered["candidate"]
+    outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version)
     metrics = {
         "pass1": candidate.pass_at_k.get(1),
         "pass1_low": candidate.pass1_interval[0],
@@ -153,17 +188,11 @@ def run_promote(
         f"gain_vs_{reference.name}_low": difference["low"],
         **{f"forgetting_{k}": v for k, v in (case.forgetting or {}).items()},
     }
-    tags = {**lineage, **{f"metric.{k}": f"{v:.4f}" for k, v in metrics.items() if v is not None}}
-    client = stage.client
-    sft_version = None
-    if sft_adapter_dir is not None:
-        sft_version = register_adapter(client, f"{registered_model}-sft", stage.run_id, "sft_adapter", tags)
-    version = register_adapter(client, registered_model, stage.run_id, "adapter", tags)
-    promote, reason = decide_promotion(case, settings)
-    outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version)
     stage.log_metrics({k: v for k, v in metrics.items() if v is not None})
     stage.set_tags({"promoted": outcome.promoted, "promotion_reason": outcome.reason, "registered_version": version})
-    return PromotionResult(registered_model, version, sft_version, outcome.promoted, outcome.reason, reference.name)
+    return PromotionResult(
+        registered_model, version, registered["sft"], outcome.promoted, outcome.reason, reference.name
+    )
 
 
 def git_commit() -> str:
@@ -196,17 +225,36 @@ def promote_task(
     evaluation: EvalResult,
     adapter_dir: Path,
     sft_adapter_dir: Path | None,
-    data_fingerprint: str,
+    data: Any,
+    probes: dict[str, Any],
 ) -> PromotionResult:
     """Prefect wrapper: compare with the champion the candidate was evaluated against, else with the base
-    model; a rejected candidate emits ``grpoflow.run.promotion-rejected``."""
+    model; register each version as an MLflow model with its card; a rejected candidate emits
+    ``grpoflow.run.promotion-rejected``."""
+    from tasks.model_card import version_card
+    from tasks.packaging import save_version_model
+    from tasks.sources import resolve_model_source
+
     case = PromotionCase.from_evaluation(evaluation)
     name = config.tracking.registered_model_name
     settings = config.orchestration
     lock = promotion_lock(tracker.tracking_uri, name, settings.promotion_lease_s, settings.promotion_lock_timeout_s)
     with tracked_stage(tracker, "promote") as stage, lock:
-        tags = {**lineage(config, tracker, data_fingerprint), "promote_run_id": stage.run_id}
-        result = run_promote(stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir)
+
+        def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
+            card, summary = version_card(
+                config=config, registered_model=name, role=role, data=data, probes=probes,
+                evaluation=evaluation, decision=decision, run_id=tracker.run_id,
+            )  # fmt: skip
+            base_dir = resolve_model_source(config.model.source, config.model.revision)
+            destination = stage.dir / f"{role}-model"
+            folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
+            return folder, summary
+
+        tags = {**lineage(config, tracker, data.fingerprint), "promote_run_id": stage.run_id}
+        result = run_promote(
+            stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir, evaluation.of("sft"), package
+        )
         verdict = "became **champion**" if result.promoted else "set as challenger (not promoted)"
         publish_markdown(
             "promote",

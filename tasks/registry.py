@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.packaging import adapter_in
 from tasks.runs import RegistryError, client_for
 
 __all__ = ["RegistryError", "client_for"]  # the registry's error type and client, re-exported for callers
@@ -159,7 +160,12 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
 
     client = client_for(tracking_uri)
     name, alias, version = parse_model_uri(uri)
-    model_version = alias_version(client, name, alias) if alias else client.get_model_version(name, version)
+    try:
+        model_version = alias_version(client, name, alias) if alias else client.get_model_version(name, version)
+    except RegistryError:
+        raise
+    except Exception as exc:
+        raise RegistryError(f"{uri} could not be read from {tracking_uri}: {str(exc)[:200]}") from exc
     if model_version is None:
         raise RegistryError(f"{uri} does not exist")
     base = model_version.tags.get("base_model")
@@ -169,4 +175,4 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
     local = mlflow.artifacts.download_artifacts(
         artifact_uri=model_version.source, dst_path=str(destination), tracking_uri=tracking_uri
     )
-    return base, Path(local), model_version
+    return base, adapter_in(Path(local)), model_version

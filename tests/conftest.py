@@ -122,3 +122,14 @@ def lock_holder():
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+@pytest.fixture(scope="session")
+def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineConfig, dict]:
+    """The tiny pipeline run once through the real flow (registering version 1 of its model and of the SFT
+    backup); the tests that need a registered model share it."""
+    from flows.pipeline import pipeline
+
+    output = tmp_path_factory.mktemp("registered") / "outputs"
+    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})
+    return config, pipeline(config, "tiny-e2e-1")

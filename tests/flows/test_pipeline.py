@@ -31,8 +31,8 @@ def _flow_run_names() -> set[str]:
     return asyncio.run(names())
 
 
-def test_pipeline_runs_every_stage_and_registers_versions(tiny_config: PipelineConfig) -> None:
-    summary = pipeline(tiny_config, "tiny-e2e-1")
+def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> None:
+    tiny_config, summary = registered_tiny
     assert set(summary["stage_seconds"]) == STAGES
     assert set(summary["evaluation"]["models"]) == {"base", "sft", "grpo"}
     assert summary["promotion"]["version"] == "1"
@@ -126,3 +126,27 @@ def test_missing_data_file_fails_before_any_model_is_loaded(tiny_config: Pipelin
     )
     with pytest.raises(DataSourceError, match=str(tmp_path / "missing.jsonl")):
         pipeline(broken, "tiny-missing-data")
+
+
+def test_stages_retry_transient_failures_only() -> None:
+    """A user error or a gate's stop fails the same way again: not retried; a transient failure is."""
+    from prefect import flow, task
+
+    from flows.pipeline import worth_retrying
+    from tasks.errors import UserError
+
+    calls = {"user error": 0, "transient": 0}
+
+    @task(retries=2, retry_delay_seconds=0, retry_condition_fn=worth_retrying)
+    def fails(kind: str) -> None:
+        calls[kind] += 1
+        raise UserError("bad input") if kind == "user error" else ConnectionError("a blip")
+
+    @flow
+    def both() -> None:
+        for kind in list(calls):
+            with pytest.raises((UserError, ConnectionError)):
+                fails(kind)
+
+    both()
+    assert calls == {"user error": 1, "transient": 3}
