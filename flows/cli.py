@@ -135,7 +135,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         if evaluation.get("forgetting"):
             drop = evaluation["forgetting"]
             console.print(
-                f"forgetting vs base: general QA accuracy {-drop['qa_accuracy_drop']:+.1%}, "
+                f"forgetting vs base: general QA accuracy {0.0 - drop['qa_accuracy_drop']:+.1%}, "
                 f"general-text perplexity {drop['perplexity_increase']:+.1%}"
             )
         for key, diff in evaluation["comparisons"].items():

@@ -66,7 +66,7 @@ def _table(evaluation: Any) -> str:
     )
     forgetting = evaluation.forgetting
     forgot = (
-        f"\n\nForgetting against the base model: general QA {-100 * forgetting['qa_accuracy_drop']:+.1f} points, "
+        f"\n\nForgetting against the base model: general QA {0.0 - 100 * forgetting['qa_accuracy_drop']:+.1f} points, "
         f"general-text perplexity {100 * forgetting['perplexity_increase']:+.1f} %."
         if forgetting
         else ""
@@ -130,8 +130,8 @@ def version_card(
     ) or "- (none recorded)"
     loading = (
         f"```python\nimport mlflow\nmodel = mlflow.pyfunc.load_model(\"models:/{name}@champion\")  # or /VERSION\n"
-        f"model.predict([\"{_example_prompt(config)}\"], params={{\"max_new_tokens\": 64}})\n```\n\n"
-        f"```bash\ngrpoflow generate --model models:/{name}@champion \"{_example_prompt(config)}\"\n"
+        f"model.predict([\"{_example_prompt(scores)}\"], params={{\"max_new_tokens\": 64}})\n```\n\n"
+        f"```bash\ngrpoflow generate --model models:/{name}@champion \"{_example_prompt(scores)}\"\n"
         f"mlflow models serve -m models:/{name}@champion --env-manager local -h 127.0.0.1 -p 5001\n```\n\n"
         "With transformers and PEFT: the adapter files are in the version's `artifacts/adapter/`; load "
         f"the base (`{config.model.source}`, resolved by `tasks.sources.resolve_model_source`) and "
@@ -153,8 +153,10 @@ def version_card(
     return str(card), summary
 
 
-def _example_prompt(config: PipelineConfig) -> str:
-    return "What is 23+45?" if config.data.kind == "math" else "…"
+def _example_prompt(scores: Any) -> str:
+    """A hold-out prompt in the form the adapter was trained on (its card's first sample), for the examples."""
+    text = scores.samples[0]["prompt"] if scores.samples else "…"
+    return text.removeprefix("user: ").replace("\\", "\\\\").replace('"', '\\"')
 
 
 def short_description(card_summary: str, registered_model: str, version: str) -> str:
