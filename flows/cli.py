@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 import tasks  # noqa: F401  (sets telemetry-off defaults before Prefect or MLflow load)
+from flows.summary import print_summary
 from tasks.config import ConfigError, PipelineConfig, load_config
 from tasks.layout import RunLayout, command_dir
 
@@ -92,65 +93,6 @@ def run(
         console.print(f"[yellow]stopped before GRPO:[/yellow] {exc}")
         raise typer.Exit(3) from exc
     print_summary(summary)
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    """The end-of-run table: stage times, probes, hold-out accuracy per model, the gain, the registry outcome."""
-    times = Table(title=f"run {summary['run_id']}: stage wall time")
-    times.add_column("stage")
-    times.add_column("seconds", justify="right")
-    for stage, seconds in summary.get("stage_seconds", {}).items():
-        times.add_row(stage, f"{seconds:.1f}")
-    console.print(times)
-    probes = Table(title="probes (G samples per prompt, GRPO sampling settings)")
-    for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward", "verdict"):
-        probes.add_column(column, justify="right")
-    for label, probe in summary.get("probes", {}).items():
-        probes.add_row(
-            label,
-            str(probe["prompts"]),
-            f"{probe['signal_share']:.0%}",
-            f"{probe['pass_rate_mean']:.1%}",
-            f"{probe['reward_mean']:.3f}",
-            probe.get("verdict", "").split(":")[0],
-        )
-    console.print(probes)
-    evaluation = summary.get("evaluation")
-    if evaluation:
-        table = Table(title="hold-out evaluation (same prompts for every model)")
-        models = evaluation["models"]
-        ks = list(next(iter(models.values()))["pass_at_k"])
-        for column in ("model", "prompts", "greedy acc", *[f"pass@{k}" for k in ks], "pass@1 95% CI"):
-            table.add_column(column, justify="right")
-        for name, score in models.items():
-            low, high = score["pass1_interval"]
-            table.add_row(
-                name,
-                f"{score['n_prompts']}×{score['n_samples']}",
-                f"{score['greedy_accuracy']:.1%}",
-                *[f"{score['pass_at_k'][k]:.1%}" for k in ks],
-                f"[{low:.1%}, {high:.1%}]",
-            )
-        console.print(table)
-        if evaluation.get("forgetting"):
-            drop = evaluation["forgetting"]
-            console.print(
-                f"forgetting vs base: general QA accuracy {0.0 - drop['qa_accuracy_drop']:+.1%}, "
-                f"general-text perplexity {drop['perplexity_increase']:+.1%}"
-            )
-        for key, diff in evaluation["comparisons"].items():
-            console.print(
-                f"{key}: sampled pass@1 gain {diff['mean']:+.1%} "
-                f"(paired 95% CI [{diff['low']:+.1%}, {diff['high']:+.1%}], n={diff['n']} prompts)"
-            )
-    promotion = summary.get("promotion")
-    if promotion:
-        outcome = "[green]champion[/green]" if promotion["promoted"] else "[yellow]challenger[/yellow]"
-        console.print(
-            f"registered {promotion['registered_model']} v{promotion['version']} "
-            f"(SFT backup: {promotion['registered_model']}-sft v{promotion['sft_version']}) → {outcome}: "
-            f"{promotion['reason']}"
-        )
 
 
 def _validated(cfg: PipelineConfig, show: bool = False) -> Any:
@@ -299,7 +241,7 @@ def migrate(
     """Re-register versions registered as plain adapter folders as MLflow models (aliases move with them)."""
     import tempfile
 
-    from tasks.packaging import migrate_versions
+    from tasks.registry import migrate_versions
 
     cfg = _config(config)
     with tempfile.TemporaryDirectory() as scratch:
@@ -317,9 +259,6 @@ def up(
     mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1.")] = 5000,
 ) -> None:
     """Start a Prefect server and an MLflow server on 127.0.0.1 (data under the output dir); Ctrl-C stops both."""
-    import signal
-    import time
-
     from flows.services import ServiceError, start_services
 
     cfg = _config(config)
@@ -337,23 +276,7 @@ def up(
         "  grpoflow deploy && GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu\n"
         "Ctrl-C stops both servers."
     )
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # Ctrl-C, `kill` or a supervisor stop both servers; SIGINT explicitly too, since a shell's background job
-    # starts with SIGINT ignored.
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        while all(p.poll() is None for p in services.processes.values()):
-            time.sleep(1)
-        console.print("[red]a server exited; stopping the other[/red]")
-    except KeyboardInterrupt:
-        console.print("stopping…")
-    finally:
-        services.stop()
-    console.print("both servers stopped")
+    console.print(services.serve_until_stopped())
 
 
 @app.command()

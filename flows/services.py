@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tasks import TELEMETRY_OFF
 
@@ -59,6 +60,26 @@ class Services:
             "GRPOFLOW_HOME": str(PROJECT_ROOT),
         }
 
+    def serve_until_stopped(self) -> str:
+        """Wait until Ctrl-C, ``kill`` or a supervisor stops us, or a server exits; then stop both. Returns what
+        happened. SIGINT is handled explicitly too: a shell's background job starts with it ignored."""
+
+        def stop(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        ended = "stopped: both servers stopped"
+        try:
+            while all(p.poll() is None for p in self.processes.values()):
+                time.sleep(1)
+            ended = "a server exited; both servers stopped"
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+        return ended
+
     def stop(self, timeout: float = 20.0) -> None:
         """SIGINT each server (what Ctrl-C sends), then SIGKILL what is still running after ``timeout``."""
         for process in self.processes.values():
@@ -77,6 +98,16 @@ class Services:
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)
+
+
+def stop_group(process: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started (its process group,
+    e.g. a server's workers): SIGTERM, then SIGKILL after ``timeout``."""
+    _signal_group(process, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout)
+    _signal_group(process, signal.SIGKILL)
+    process.wait()
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
-"""The MLflow Model Registry: versions, the ``champion``/``challenger`` aliases, champion history, rollback, and
-downloading a registered adapter.
+"""The MLflow Model Registry: versions, the ``champion``/``challenger`` aliases, champion history, rollback,
+downloading a registered adapter, and migrating versions registered before they were MLflow models.
 
 Owns: every registry read and write. Must not import: torch, transformers, PEFT, Prefect (``grpoflow rollback``
 and the registry commands load only this; a test checks it in a fresh interpreter).
@@ -176,3 +176,64 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
         artifact_uri=model_version.source, dst_path=str(destination), tracking_uri=tracking_uri
     )
     return base, adapter_in(Path(local)), model_version
+
+
+def migrate_versions(tracking_uri: str, name: str, experiment_name: str, scratch: Path) -> dict[str, str]:
+    """Re-register every version of ``name`` that is a plain adapter folder (registered before versions were
+    MLflow models) as an MLflow model: a new version with the old one's tags plus ``grpoflow.migrated_from``,
+    its card made from those tags; the aliases and the champion history move to it. Returns old → new."""
+    import mlflow.artifacts
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from tasks.config import PipelineConfig
+    from tasks.packaging import save_version_model
+    from tasks.sources import resolve_model_source
+
+    client = client_for(tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
+    run = None
+    moved: dict[str, str] = {}
+    model = client.get_registered_model(name)
+    for version in sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version)):
+        if version.tags.get("grpoflow.migrated_to"):
+            continue
+        number = str(version.version)
+        download = {"dst_path": str(scratch / number), "tracking_uri": tracking_uri}
+        local = Path(mlflow.artifacts.download_artifacts(version.source, **download))
+        if (local / "MLmodel").is_file():
+            continue
+        base = version.tags.get("base_model", "")
+        metrics = [f"- {k.removeprefix('metric.')}: {v}" for k, v in version.tags.items() if k.startswith("metric.")]
+        card_data = ModelCardData(base_model=base, library_name="peft", pipeline_tag="text-generation")
+        card = str(
+            ModelCard.from_template(
+                card_data,
+                template_str="---\n{{ card_data }}\n---\n\n# {{ title }}\n\n{{ body }}\n",
+                title=f"{name} version {number}, migrated",
+                body="Registered before versions were MLflow models; re-registered by `grpoflow migrate`.\n\n"
+                + "\n".join(metrics),
+            )
+        )
+        if run is None:
+            run = client.create_run(experiment_id, run_name=f"migrate-{name}", tags={"grpoflow.stage": "migrate"})
+        config = PipelineConfig.model_validate({"model": {"source": base}})
+        destination = scratch / f"model-{number}"
+        folder = save_version_model(local, destination, base, resolve_model_source(base), config, card)
+        client.log_artifacts(run.info.run_id, str(folder), f"model-{number}")
+        tags = {**version.tags, "grpoflow.migrated_from": number}
+        tags.pop("pipeline_run_id", None)  # registration is idempotent per pipeline run: this is a new version
+        new = register_adapter(client, name, run.info.run_id, f"model-{number}", tags)
+        if version.tags.get("pipeline_run_id"):
+            client.set_model_version_tag(name, new, "pipeline_run_id", version.tags["pipeline_run_id"])
+        client.set_model_version_tag(name, number, "grpoflow.migrated_to", new)
+        for alias, holder in (model.aliases or {}).items():  # version search results carry no aliases
+            if str(holder) == number:
+                client.set_registered_model_alias(name, alias, new)
+        moved[number] = new
+    if moved and HISTORY_TAG in model.tags:
+        history = [moved.get(v, v) for v in json.loads(model.tags[HISTORY_TAG])]
+        client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+    if run is not None:
+        client.set_terminated(run.info.run_id, "FINISHED")
+    return moved

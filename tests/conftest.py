@@ -133,3 +133,4 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
     output = tmp_path_factory.mktemp("registered") / "outputs"
     config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})
     return config, pipeline(config, "tiny-e2e-1")
+

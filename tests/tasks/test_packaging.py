@@ -3,8 +3,6 @@ serve``, each with its own model card and numbers, and nothing pickled (the real
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.services import free_port, stop_group
 from tasks.registry import CHAMPION, alias_version, client_for
 
 
@@ -45,6 +44,11 @@ def test_a_version_loads_by_alias_and_predicts_with_its_card(registered_tiny, tm
     adapter_config = json.loads((local / "artifacts" / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == "tiny-random"  # portable, not this machine's path
     assert 0 < len(version.description) <= 5000 and "Model card" in version.description
+    # grpoflow's own generate / evaluate / export find the adapter inside the MLflow model.
+    from tasks.registry import fetch_adapter
+
+    base, adapter_dir, _ = fetch_adapter(uri, f"models:/{name}/{version.version}", tmp_path / "fetched")
+    assert base == "tiny-random" and (adapter_dir / "adapter_model.safetensors").is_file()
 
     # Each version carries its own model's numbers: the SFT backup the SFT policy's.
     sft = client.get_model_version(f"{name}-sft", summary["promotion"]["sft_version"])
@@ -64,9 +68,7 @@ def test_the_loader_refuses_another_base_model(tiny_model_dir: Path) -> None:
 
 def test_mlflow_models_serve_answers_over_http(registered_tiny, tmp_path: Path) -> None:
     config, _ = registered_tiny
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": config.resolved_tracking_uri(), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # it runs uvicorn from there
     command = [
@@ -93,12 +95,7 @@ def test_mlflow_models_serve_answers_over_http(registered_tiny, tmp_path: Path) 
             predictions = json.loads(response.read())["predictions"]
         assert len(predictions) == 1 and isinstance(predictions[0], str)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         log.close()
 
 
@@ -106,8 +103,7 @@ def test_versions_registered_before_are_migrated_to_mlflow_models(tiny_config, t
     import mlflow
 
     from tasks.layout import RunLayout
-    from tasks.packaging import migrate_versions
-    from tasks.registry import move_champion, register_adapter
+    from tasks.registry import migrate_versions, move_champion, register_adapter
     from tasks.runs import start_pipeline
 
     uri, name = tiny_config.resolved_tracking_uri(), "old-model"

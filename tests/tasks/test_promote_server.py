@@ -3,7 +3,6 @@
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,18 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from flows.services import free_port, stop_group
 from tasks.config import PipelineConfig
 from tasks.layout import RunLayout
 from tasks.promote import PromotionCase, run_promote
 from tasks.registry import CHAMPION, RegistryError, alias_version, client_for, fetch_adapter
 from tasks.runs import start_pipeline
 from tasks.scoring import paired_difference
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _start_server(root: Path, port: int) -> subprocess.Popen:
@@ -45,19 +39,8 @@ def _start_server(root: Path, port: int) -> subprocess.Popen:
                     return server
         except OSError:
             time.sleep(0.5)
-    _stop(server)
+    stop_group(server)
     raise RuntimeError("mlflow server did not become healthy in 90 s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """Stop the server and every process it started (its process group)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        server.wait(timeout=20)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -75,13 +58,13 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         patch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        port = _free_port()
+        port = free_port()
         root = tmp_path_factory.mktemp("mlflow-server")
         server = {"uri": f"http://127.0.0.1:{port}", "root": root, "port": port, "process": _start_server(root, port)}
         try:
             yield server
         finally:
-            _stop(server["process"])
+            stop_group(server["process"])
     assert _processes_mentioning(str(root)) == []  # no server or worker left behind
 
 
@@ -115,12 +98,17 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
 
     # The registry goes away in the middle of the next promotion: a clear error, and no alias moved.
     with pytest.raises(RegistryError), tracker.stage("promote") as stage:
-        _stop(mlflow_server["process"])
+        stop_group(mlflow_server["process"])
         case = PromotionCase(
             scores("grpo", [1.0] * 20), scores("champion", [0.0] * 20), {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 20},
             champion_version=first.version,
         )  # fmt: skip
         run_promote(stage, name, case, config.promotion, {"base_model": "tiny-random"}, tiny_adapter, tiny_adapter)
+    # Closing the pipeline with the registry still down reports it and raises nothing: the stage's own error
+    # (the RegistryError above) is the one the user sees.
+    from tasks.runs import close_pipeline
+
+    assert close_pipeline(tracker, "FAILED", {}) is False
     mlflow_server["process"] = _start_server(mlflow_server["root"], mlflow_server["port"])
     assert str(alias_version(client_for(mlflow_server["uri"]), name, CHAMPION).version) == first.version
     versions = client_for(mlflow_server["uri"]).search_model_versions(f"name = '{name}'")

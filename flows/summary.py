@@ -1,0 +1,70 @@
+"""The end-of-run summary ``grpoflow run`` prints: stage times, probes, the hold-out table, the gains, and what
+promotion did. Must not hold stage logic: it reads the run's summary dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The end-of-run table: stage times, probes, hold-out accuracy per model, the gain, the registry outcome."""
+    times = Table(title=f"run {summary['run_id']}: stage wall time")
+    times.add_column("stage")
+    times.add_column("seconds", justify="right")
+    for stage, seconds in summary.get("stage_seconds", {}).items():
+        times.add_row(stage, f"{seconds:.1f}")
+    console.print(times)
+    probes = Table(title="probes (G samples per prompt, GRPO sampling settings)")
+    for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward", "verdict"):
+        probes.add_column(column, justify="right")
+    for label, probe in summary.get("probes", {}).items():
+        probes.add_row(
+            label,
+            str(probe["prompts"]),
+            f"{probe['signal_share']:.0%}",
+            f"{probe['pass_rate_mean']:.1%}",
+            f"{probe['reward_mean']:.3f}",
+            probe.get("verdict", "").split(":")[0],
+        )
+    console.print(probes)
+    evaluation = summary.get("evaluation")
+    if evaluation:
+        table = Table(title="hold-out evaluation (same prompts for every model)")
+        models = evaluation["models"]
+        ks = list(next(iter(models.values()))["pass_at_k"])
+        for column in ("model", "prompts", "greedy acc", *[f"pass@{k}" for k in ks], "pass@1 95% CI"):
+            table.add_column(column, justify="right")
+        for name, score in models.items():
+            low, high = score["pass1_interval"]
+            table.add_row(
+                name,
+                f"{score['n_prompts']}×{score['n_samples']}",
+                f"{score['greedy_accuracy']:.1%}",
+                *[f"{score['pass_at_k'][k]:.1%}" for k in ks],
+                f"[{low:.1%}, {high:.1%}]",
+            )
+        console.print(table)
+        if evaluation.get("forgetting"):
+            drop = evaluation["forgetting"]
+            console.print(
+                f"forgetting vs base: general QA accuracy {0.0 - drop['qa_accuracy_drop']:+.1%}, "
+                f"general-text perplexity {drop['perplexity_increase']:+.1%}"
+            )
+        for key, diff in evaluation["comparisons"].items():
+            console.print(
+                f"{key}: sampled pass@1 gain {diff['mean']:+.1%} "
+                f"(paired 95% CI [{diff['low']:+.1%}, {diff['high']:+.1%}], n={diff['n']} prompts)"
+            )
+    promotion = summary.get("promotion")
+    if promotion:
+        outcome = "[green]champion[/green]" if promotion["promoted"] else "[yellow]challenger[/yellow]"
+        console.print(
+            f"registered {promotion['registered_model']} v{promotion['version']} "
+            f"(SFT backup: {promotion['registered_model']}-sft v{promotion['sft_version']}) → {outcome}: "
+            f"{promotion['reason']}"
+        )
