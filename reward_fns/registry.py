@@ -12,6 +12,7 @@ Must not import: Prefect, MLflow, torch, ``tasks`` (the config's reward specs ar
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import threading
 import time
@@ -55,8 +56,24 @@ CORRECTNESS_REWARD: dict[str, str] = {
     "code": "code_passes",
 }
 
-# Dataset columns reward functions may read; the trainer's dataset and scoring pass exactly these.
-REWARD_COLUMNS = ("ground_truth", "tests", "entry_point", "code_prefix", "schema", "labels", "id")
+def reward_columns(rows: Sequence[Mapping[str, Any]], repeat: int = 1) -> dict[str, list[Any]]:
+    """Every column of the rows but the prompt, each value repeated ``repeat`` times (once per completion): what
+    TRL hands reward functions as keyword arguments, and what evaluation hands them too. A column of one scalar
+    type keeps its values; any other holds text (JSON for objects such as schemas), as a dataset needs one type
+    per column.
+
+    >>> reward_columns([{"prompt": "p", "ground_truth": "4", "difficulty": 2, "schema": {"type": "integer"}}])
+    {'ground_truth': ['4'], 'difficulty': [2], 'schema': ['{"type": "integer"}']}
+    """
+    names = list(dict.fromkeys(key for row in rows for key in row if key != "prompt"))
+    columns: dict[str, list[Any]] = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        kinds = {type(v) for v in values if v is not None}
+        if len(kinds) > 1 or not kinds <= {str, int, float, bool}:
+            values = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+        columns[name] = [value for value in values for _ in range(repeat)]
+    return columns
 
 
 def check_reward_name(name: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -323,6 +324,27 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             node = node.setdefault(part, {})
         node[leaf] = value
     try:
-        return PipelineConfig.model_validate(raw)
+        config = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid config\n{_format_errors(exc)}") from exc
+    import_rewards(config, Path(path).resolve().parent if path is not None else None, source)
+    return config
+
+
+def import_rewards(config: PipelineConfig, config_dir: Path | None, source: str) -> None:
+    """Import every reward given as ``module:function`` now, not after validation and model loading: from
+    ``sys.path`` (``PYTHONPATH``) or the config file's folder, which is put on ``sys.path`` for the run."""
+    from reward_fns.registry import resolve_reward
+
+    for index, spec in enumerate(config.rewards):
+        if ":" not in spec.name:
+            continue
+        if config_dir is not None and str(config_dir) not in sys.path:
+            sys.path.append(str(config_dir))
+        try:
+            resolve_reward(spec.name)
+        except ValueError as exc:
+            where = f" or {config_dir}" if config_dir else ""
+            raise ConfigError(
+                f"{source}: rewards.{index}.name: {exc}; the module must be importable from PYTHONPATH{where}"
+            ) from exc

@@ -5,7 +5,6 @@ live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ import torch
 from prefect import task
 from transformers import TrainerCallback
 
-from reward_fns.registry import REWARD_COLUMNS, IsolatedReward, build_reward_functions
+from reward_fns.registry import IsolatedReward, build_reward_functions, reward_columns
 from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
@@ -101,20 +100,16 @@ class CompletionSampleLogger(TrainerCallback):
         self.sink(state.global_step, table)
 
 
-def _column_text(value: Any) -> str | None:
-    """Columns reach TRL as strings (a dataset needs one type per column): JSON for objects such as schemas."""
-    return value if value is None or isinstance(value, str) else json.dumps(value)
-
-
 def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
-    """Rendered prompts plus the columns reward functions read (same set of keys on every row)."""
-    present = [c for c in REWARD_COLUMNS if any(c in row for row in rows)]
+    """Rendered prompts plus every other column of the validated rows, which TRL hands the reward functions
+    (``reward_columns``: the same values evaluation hands them)."""
+    columns = reward_columns(rows)
     return [
         {
             "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
-            **{c: _column_text(row.get(c)) for c in present},
+            **{name: values[index] for name, values in columns.items()},
         }
-        for row in rows
+        for index, row in enumerate(rows)
     ]
 
 
@@ -230,6 +225,14 @@ def run_grpo(
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     replay_history(resume_from, [recorder, *callbacks])
     steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
+    for reward in rewards:  # however short the run: an adapter trained on unjudged samples is not promoted
+        stats = reward.stats
+        if stats.scored and stats.none_share > settings.max_none_share:
+            raise RewardNoneLimitExceeded(
+                f"reward {reward.__name__} could not judge {stats.none}/{stats.scored} completions "
+                f"({stats.none_share:.0%} > grpo.max_none_share {settings.max_none_share:.0%}; last error: "
+                f"{stats.last_error}); the run stops before evaluation and promotion"
+            )
     return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
 
 

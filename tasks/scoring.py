@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from reward_fns.registry import CORRECTNESS_REWARD, REWARD_COLUMNS, build_reward_functions, resolve_reward
+from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, resolve_reward, reward_columns
 from tasks.config import PipelineConfig
 
 
@@ -55,15 +55,6 @@ def paired_difference(
     differences = np.asarray(candidate, dtype=float) - np.asarray(reference, dtype=float)
     low, high = bootstrap_interval(differences, resamples, seed)
     return {"mean": float(differences.mean()), "low": low, "high": high, "n": int(differences.size)}
-
-
-def reward_columns(rows: Sequence[dict[str, Any]], repeat: int) -> dict[str, list[Any]]:
-    """The dataset columns reward functions read, each value repeated ``repeat`` times (one per completion)."""
-    columns: dict[str, list[Any]] = {"ground_truth": [row["ground_truth"] for row in rows for _ in range(repeat)]}
-    for name in REWARD_COLUMNS[1:]:
-        if any(name in row for row in rows):
-            columns[name] = [row.get(name) for row in rows for _ in range(repeat)]
-    return columns
 
 
 def correctness_function(config: PipelineConfig) -> Any:

@@ -30,9 +30,19 @@ def test_unknown_reward_lists_known_ones() -> None:
     assert "math_accuracy" in str(error.value)  # the list of known names
 
 
-def test_import_path_reward_is_accepted_statically() -> None:
-    config = load_config(overrides={"rewards": [{"name": "my_pkg.rewards:score", "weight": 0.5}]})
-    assert config.rewards[0].weight == 0.5
+def test_import_path_reward_is_imported_when_the_config_loads(tmp_path: Path) -> None:
+    """The config model checks the form statically; loading a config imports the reward, from PYTHONPATH or the
+    config file's folder, so a typo fails before any data or model is touched."""
+    assert PipelineConfig.model_validate({"rewards": [{"name": "my_pkg.rewards:score"}]}).rewards[0].weight == 1.0
+    with pytest.raises(ConfigError, match=r"rewards\.0\.name: reward function 'my_pkg.rewards:score' cannot be"):
+        load_config(overrides={"rewards": [{"name": "my_pkg.rewards:score", "weight": 0.5}]})
+    (tmp_path / "house_rewards.py").write_text("def score(completions, **kwargs):\n    return [1.0] * len(completions)")
+    config_file = tmp_path / "mine.yaml"
+    config_file.write_text("rewards:\n  - name: house_rewards:score\n    weight: 0.5\n")
+    assert load_config(config_file).rewards[0].weight == 0.5  # found beside the config
+    config_file.write_text("rewards:\n  - name: house_rewards:scroe\n")
+    with pytest.raises(ConfigError, match="has no attribute 'scroe'"):
+        load_config(config_file)
 
 
 def test_batch_must_hold_whole_groups() -> None:

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -191,3 +192,33 @@ def test_scoring_only_labelled_positions_keeps_the_sft_loss(tiny_config, tiny_sp
     assert torch.allclose(every_position[0], labelled_only[0], atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(every_position[1], labelled_only[1], strict=True))
     assert any(g.abs().sum() > 0 for g in labelled_only[1])
+
+
+def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
+    tiny_config, tiny_split, tiny_model_dir, tmp_path, monkeypatch
+) -> None:
+    """A custom reward reads the user's own columns, in training as in evaluation; one that cannot judge (it
+    raises) stops GRPO before evaluation and promotion, however short the run."""
+    from tasks.grpo import RewardNoneLimitExceeded, grpo_examples
+    from tasks.models import load_tokenizer
+    from tasks.scoring import score_groups
+
+    (tmp_path / "house_rewards.py").write_text(
+        "def by_difficulty(completions, difficulty, **kwargs):\n    return [float(d) for d in difficulty]\n"
+        "def broken(completions, **kwargs):\n    raise RuntimeError('cannot parse')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = [{"id": "a", "prompt": "1+1?", "ground_truth": "2", "difficulty": 3},
+            {"id": "b", "prompt": "2+2?", "ground_truth": "4", "difficulty": 5}]  # fmt: skip
+    examples = grpo_examples(rows, load_tokenizer(tiny_model_dir), tiny_config)
+    assert [e["difficulty"] for e in examples] == [3, 5]
+    rewards = [{"name": "house_rewards:by_difficulty"}]
+    custom = PipelineConfig.model_validate({**tiny_config.model_dump(), "rewards": rewards})
+    assert score_groups(custom, rows, [["x", "y"], ["z", "w"]])["total"].tolist() == [[3.0, 3.0], [5.0, 5.0]]
+
+    failing = PipelineConfig.model_validate(
+        {**tiny_config.model_dump(), "rewards": [{"name": "house_rewards:broken"}],
+         "grpo": {**tiny_config.grpo.model_dump(), "max_steps": 1}}
+    )  # fmt: skip
+    with pytest.raises(RewardNoneLimitExceeded, match="reward broken could not judge 8/8 completions"):
+        run_grpo(failing, tiny_split.train_path, tiny_model_dir, None, tmp_path / "grpo")
