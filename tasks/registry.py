@@ -69,9 +69,29 @@ def register_adapter(client: Any, name: str, run_id: str, artifact_path: str, ta
     return str(version.version)
 
 
+class ModelNotFound(RegistryError):
+    """No such registered model or version: the name, or the store it was looked up in, is wrong."""
+
+    exit_code = 2  # a user error, not an unavailable registry
+
+
+def registered_model(client: Any, name: str) -> Any:
+    """The registered model ``name``; a missing one is a RegistryError that names it and where it was looked for."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name)
+    except MlflowException as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
+            raise ModelNotFound(
+                f"no registered model {name!r} at {client.tracking_uri}; give the config (--config) whose "
+                "tracking store holds it"
+            ) from exc
+        raise RegistryError(f"registry lookup of {name} failed: {exc}") from exc
+
+
 def champion_history(client: Any, name: str) -> list[str]:
-    model = client.get_registered_model(name)
-    return json.loads(model.tags.get(HISTORY_TAG, "[]"))
+    return json.loads(registered_model(client, name).tags.get(HISTORY_TAG, "[]"))
 
 
 def move_champion(client: Any, name: str, version: str, reason: str) -> None:
@@ -167,7 +187,7 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
     except Exception as exc:
         raise RegistryError(f"{uri} could not be read from {tracking_uri}: {str(exc)[:200]}") from exc
     if model_version is None:
-        raise RegistryError(f"{uri} does not exist")
+        raise ModelNotFound(f"{uri} does not exist at {tracking_uri}")
     base = model_version.tags.get("base_model")
     if not base:
         raise RegistryError(f"{name} version {model_version.version} has no base_model tag")
@@ -194,7 +214,7 @@ def migrate_versions(tracking_uri: str, name: str, experiment_name: str, scratch
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
     run = None
     moved: dict[str, str] = {}
-    model = client.get_registered_model(name)
+    model = registered_model(client, name)
     for version in sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version)):
         if version.tags.get("grpoflow.migrated_to"):
             continue

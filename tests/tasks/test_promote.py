@@ -1,6 +1,7 @@
 """Promotion and rollback on a real MLflow store (SQLite in a temp dir)."""
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,3 +120,14 @@ def test_a_resumed_run_registers_once(tiny_config, tiny_adapter, tmp_path, make_
     assert first.promoted and again.promoted and again.reason == "already champion"
     client = client_for(tiny_config.resolved_tracking_uri())
     assert len(client.search_model_versions(f"name = '{tiny_config.tracking.registered_model_name}'")) == 1
+
+
+def test_an_unknown_model_is_a_user_error_naming_it_and_the_store(tiny_config) -> None:
+    from tasks.registry import ModelNotFound, fetch_adapter
+
+    uri = tiny_config.resolved_tracking_uri()
+    with pytest.raises(ModelNotFound, match=f"no registered model 'nope' at {uri}") as error:
+        rollback_champion(client_for(uri), "nope")
+    assert error.value.exit_code == 2
+    with pytest.raises(ModelNotFound, match="models:/nope@champion does not exist"):
+        fetch_adapter(uri, "models:/nope@champion", Path("/tmp/unused"))
