@@ -7,7 +7,7 @@ traceback unless ``--debug`` (or ``GRPOFLOW_DEBUG=1``). Anything else is a bug a
 |---|---|
 | 0 | done |
 | 1 | a bug (an unexpected error, with its traceback) |
-| 2 | a user error: config, data, paths, model source, reward import |
+| 2 | a user error: config, data, paths, model source, reward import, an unknown registered model |
 | 3 | stopped by a gate: no learning signal, rewards that cannot judge |
 | 4 | infrastructure: tracking store or registry unreachable, disk full, a lock not granted, no sandbox |
 

@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,13 @@ def test_import_path_reward_is_imported_when_the_config_loads(tmp_path: Path) ->
     assert PipelineConfig.model_validate({"rewards": [{"name": "my_pkg.rewards:score"}]}).rewards[0].weight == 1.0
     with pytest.raises(ConfigError, match=r"rewards\.0\.name: reward function 'my_pkg.rewards:score' cannot be"):
         load_config(overrides={"rewards": [{"name": "my_pkg.rewards:score", "weight": 0.5}]})
-    (tmp_path / "house_rewards.py").write_text("def score(completions, **kwargs):\n    return [1.0] * len(completions)")
+    reward_module = "def score(completions, **kwargs):\n    return [1.0] * len(completions)"
+    (tmp_path / "config_dir_rewards.py").write_text(reward_module)
+    sys.modules.pop("config_dir_rewards", None)
     config_file = tmp_path / "mine.yaml"
-    config_file.write_text("rewards:\n  - name: house_rewards:score\n    weight: 0.5\n")
+    config_file.write_text("rewards:\n  - name: config_dir_rewards:score\n    weight: 0.5\n")
     assert load_config(config_file).rewards[0].weight == 0.5  # found beside the config
-    config_file.write_text("rewards:\n  - name: house_rewards:scroe\n")
+    config_file.write_text("rewards:\n  - name: config_dir_rewards:scroe\n")
     with pytest.raises(ConfigError, match="has no attribute 'scroe'"):
         load_config(config_file)
 

@@ -1,6 +1,7 @@
 """SFT and GRPO with the real TRL trainers on the tiny model: one adapter, trained by SFT, continued by GRPO."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -203,21 +204,22 @@ def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
     from tasks.models import load_tokenizer
     from tasks.scoring import score_groups
 
-    (tmp_path / "house_rewards.py").write_text(
+    (tmp_path / "column_rewards.py").write_text(
         "def by_difficulty(completions, difficulty, **kwargs):\n    return [float(d) for d in difficulty]\n"
         "def broken(completions, **kwargs):\n    raise RuntimeError('cannot parse')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "column_rewards", raising=False)
     rows = [{"id": "a", "prompt": "1+1?", "ground_truth": "2", "difficulty": 3},
             {"id": "b", "prompt": "2+2?", "ground_truth": "4", "difficulty": 5}]  # fmt: skip
     examples = grpo_examples(rows, load_tokenizer(tiny_model_dir), tiny_config)
     assert [e["difficulty"] for e in examples] == [3, 5]
-    rewards = [{"name": "house_rewards:by_difficulty"}]
+    rewards = [{"name": "column_rewards:by_difficulty"}]
     custom = PipelineConfig.model_validate({**tiny_config.model_dump(), "rewards": rewards})
     assert score_groups(custom, rows, [["x", "y"], ["z", "w"]])["total"].tolist() == [[3.0, 3.0], [5.0, 5.0]]
 
     failing = PipelineConfig.model_validate(
-        {**tiny_config.model_dump(), "rewards": [{"name": "house_rewards:broken"}],
+        {**tiny_config.model_dump(), "rewards": [{"name": "column_rewards:broken"}],
          "grpo": {**tiny_config.grpo.model_dump(), "max_steps": 1}}
     )  # fmt: skip
     with pytest.raises(RewardNoneLimitExceeded, match="reward broken could not judge 8/8 completions"):
