@@ -94,12 +94,6 @@ class RunLayout:
         """The folder a stage writes into (its MLflow run has the same name)."""
         return self.run_dir / stage
 
-    def checkpoints_dir(self, stage: str) -> Path:
-        return self.stage_dir(stage) / CHECKPOINTS
-
-    def adapter_dir(self, stage: str) -> Path:
-        return self.stage_dir(stage) / ADAPTER
-
     def prepare(self, config: Any) -> None:
         """Create the run folder, prove it is writable and has room, and keep a snapshot of the config."""
         try:
