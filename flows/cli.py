@@ -303,15 +303,14 @@ WHAT_TO_DO = {
 }
 
 
-class _NoUserTracebacks(logging.Filter):
-    """Drop the traceback Prefect logs for a grpoflow error (main() prints it in at most three lines)."""
+class _NoUserErrorsOnConsole(logging.Filter):
+    """Keep Prefect's log lines about a grpoflow error off the console: main() prints that error itself, in
+    two lines (the Prefect UI still gets them, with the traceback)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from tasks.errors import GrpoflowError
 
-        if record.exc_info and isinstance(record.exc_info[1], GrpoflowError):
-            record.exc_info, record.exc_text = None, None
-        return True
+        return not (record.exc_info and isinstance(record.exc_info[1], GrpoflowError))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -330,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
         setup_logging()
         for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
             for handler in logging.getLogger(name).handlers:
-                handler.addFilter(_NoUserTracebacks())
+                if isinstance(handler, logging.StreamHandler):  # the console, not the API log handler
+                    handler.addFilter(_NoUserErrorsOnConsole())
     try:
         app(args, prog_name="grpoflow")
     except GrpoflowError as exc:

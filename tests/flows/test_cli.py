@@ -113,6 +113,8 @@ def test_a_user_error_prints_what_and_what_to_do_without_a_traceback(tmp_path: P
     result = _grpoflow(tmp_path, "--set", f"data.source={tmp_path / 'missing.jsonl'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    error_lines = [line for line in output.splitlines() if "ERROR" in line or line.startswith(("error:", "fix "))]
+    assert len(error_lines) <= 3, error_lines  # Prefect's lines about it stay off the console
     assert result.stderr.strip().splitlines()[-2:] == [
         f"error: data file not found: {tmp_path / 'missing.jsonl'}",
         "fix the input named above and run again (exit 2; --debug shows the traceback)",
