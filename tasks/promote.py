@@ -158,13 +158,12 @@ def run_promote(
     candidate, reference, difference = case.candidate, case.reference, case.difference
     promote, reason = decide_promotion(case, settings)
     client = stage.client
-    summaries: dict[str, str] = {}
     registered: dict[str, str | None] = {"sft": None}
     for role, folder in (("sft", sft_adapter_dir), ("candidate", adapter_dir)):
         if folder is None:
             continue
         decision = reason if role == "candidate" else "the SFT-stage backup of this run's adapter; never champion"
-        packed, summaries[role] = package(role, folder, decision) if package else (folder, "")
+        packed, summary = package(role, folder, decision) if package else (folder, "")
         artifact = "model" if role == "candidate" else "sft_model"
         stage.log_artifact(packed, artifact)
         scores = candidate if role == "candidate" else sft_scores
@@ -174,8 +173,8 @@ def run_promote(
                          f"metric.gain_vs_{reference.name}_low": f"{difference['low']:.4f}"})  # fmt: skip
         name = registered_model if role == "candidate" else f"{registered_model}-sft"
         number = registered[role] = register_adapter(client, name, stage.run_id, artifact, tags)
-        if summaries[role]:
-            client.update_model_version(name, number, short_description(summaries[role], name, number))
+        if summary:
+            client.update_model_version(name, number, short_description(summary, name, number))
     version = registered["candidate"]
     outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version)
     metrics = {
@@ -240,13 +239,13 @@ def promote_task(
     settings = config.orchestration
     lock = promotion_lock(tracker.tracking_uri, name, settings.promotion_lease_s, settings.promotion_lock_timeout_s)
     with tracked_stage(tracker, "promote") as stage, lock:
+        base_dir = resolve_model_source(config.model.source, config.model.revision)
 
         def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
             card, summary = version_card(
                 config=config, registered_model=name, role=role, data=data, probes=probes,
                 evaluation=evaluation, decision=decision, run_id=tracker.run_id,
             )  # fmt: skip
-            base_dir = resolve_model_source(config.model.source, config.model.revision)
             destination = stage.dir / f"{role}-model"
             folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
             return folder, summary
