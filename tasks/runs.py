@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import InfrastructureError, is_disk_full
+from tasks.errors import GrpoflowError, InfrastructureError, is_disk_full
 from tasks.layout import OutputDirError, RunLayout
 
 logger = logging.getLogger(__name__)
@@ -164,8 +164,9 @@ class Tracker:
             if on_success is not None:
                 on_success(name, stage.run_id)
         except Exception as exc:
-            # Libraries report a full disk in their own words (torch's writer: "file write failed", no errno).
-            if (is_disk_full(exc) or _nearly_full(stage_dir)) and not isinstance(exc, OutputDirError):
+            # Libraries report a full disk in their own words (torch's writer: "file write failed", no errno);
+            # grpoflow's own errors (a gate's stop, a user error, a disk error already named) keep theirs.
+            if (is_disk_full(exc) or _nearly_full(stage_dir)) and not isinstance(exc, GrpoflowError):
                 raise OutputDirError(
                     errno.ENOSPC, f"disk full while stage {name} wrote (under {stage_dir} or the tracking store)"
                 ) from exc

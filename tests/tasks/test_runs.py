@@ -54,3 +54,16 @@ def test_disk_full_saving_a_checkpoint(tiny_config: PipelineConfig, tiny_split, 
     with pytest.raises(OutputDirError, match="disk full while stage sft"), tracker.stage("sft") as stage:
         run_sft(config, tiny_split.train_path, tiny_model_dir, stage.dir)
     assert _stage_status(tracker, "sft") == "FAILED"
+
+
+def test_a_nearly_full_disk_does_not_rename_grpoflow_errors(tiny_config, tmp_path: Path, monkeypatch) -> None:
+    """With little space left a foreign error is taken for a full disk, but a gate's stop is still a gate's stop."""
+    import tasks.runs
+    from tasks.probe import NoLearningSignal
+
+    tracker = start_pipeline(tiny_config, RunLayout(tmp_path / "run"))
+    monkeypatch.setattr(tasks.runs, "_nearly_full", lambda folder: True)
+    with pytest.raises(NoLearningSignal), tracker.stage("probe_sft"):
+        raise NoLearningSignal("all rewards 0")
+    with pytest.raises(OutputDirError, match="disk full"), tracker.stage("sft"):
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
