@@ -25,9 +25,22 @@ app = typer.Typer(
     "error, 3 stopped by a gate, 4 infrastructure. --debug shows tracebacks.",
 )
 console = Console()
+# Where a command says which config, store and server it used: stderr, so stdout stays the result.
+notes = Console(stderr=True, soft_wrap=True)
 DEFAULT_CONFIG = Path("configs/demo.yaml")
 
-ConfigArg = Annotated[Path | None, typer.Argument(help="Pipeline config (YAML). Default: configs/demo.yaml")]
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="Pipeline config (YAML); same as --config. Default: configs/demo.yaml")
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="Pipeline config (YAML): its tracking store is used. Default: configs/demo.yaml"
+    ),
+]
+TrackingOption = Annotated[
+    str | None, typer.Option("--tracking-uri", help="MLflow tracking URI; overrides the config's store.")
+]
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set grpo.max_steps=5")]
 
 
@@ -38,15 +51,25 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _config(path: Path | None, overrides: list[str] | None = None, **extra: Any) -> PipelineConfig:
+def _config(
+    path: Path | None, overrides: list[str] | None = None, option: Path | None = None, **extra: Any
+) -> PipelineConfig:
+    """The config from CONFIG or --config (the same thing), ``--set`` overrides and explicit options."""
+    if path is not None and option is not None and path != option:
+        raise ConfigError(f"two configs given ({path} and --config {option}); give one")
     values = {k: _parse_value(v) for k, _, v in (item.partition("=") for item in overrides or [])}
     values.update({k: v for k, v in extra.items() if v is not None})
-    chosen = path if path is not None else (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
-    try:
-        return load_config(chosen, values)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+    chosen = path or option or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    config = load_config(chosen, values)
+    notes.print(f"[dim]config: {chosen or '(defaults)'}[/dim]")
+    return config
+
+
+def _store(config: PipelineConfig, tracking_uri: str | None = None) -> str:
+    """The MLflow store a command uses (--tracking-uri, else the config's), printed so nobody has to guess."""
+    uri = tracking_uri or config.resolved_tracking_uri()
+    notes.print(f"[dim]store: {uri}[/dim]")
+    return uri
 
 
 def _setup_logging() -> None:
@@ -55,9 +78,55 @@ def _setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _prefect_server() -> tuple[str | None, str]:
+    """The Prefect API a run reports to and how to say so: PREFECT_API_URL, else a running ``grpoflow up``,
+    else a temporary server whose runs stay in the Prefect home's database (``grpoflow up`` serves it)."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    from flows.services import running_up
+
+    if PREFECT_API_URL.value():
+        return None, f"Prefect: {PREFECT_API_URL.value()}"
+    up = running_up()
+    if up:
+        return up["prefect_api_url"], f"Prefect: {up['prefect_api_url']} (grpoflow up)"
+    home = os.path.expanduser(str(PREFECT_HOME.value()))
+    return None, f"Prefect: a temporary local server; its runs stay in {home} (`grpoflow up` shows them)"
+
+
+def _ui_base(tracking_uri: str) -> tuple[str, str]:
+    """Where the MLflow UI for ``tracking_uri`` is, and a hint when it is not running yet."""
+    from flows.services import running_up
+
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/"), ""
+    up = running_up()
+    if up and up.get("store") == tracking_uri:
+        return up["mlflow_url"], ""
+    return "http://127.0.0.1:5000", " (after `grpoflow up` with this config)"
+
+
+def print_links(summary: dict[str, Any]) -> None:
+    """The pages a user wants after a run: the parent run among the training runs, and the registered version."""
+    mlflow = summary.get("mlflow")
+    if not mlflow:
+        return
+    base, hint = _ui_base(mlflow["tracking_uri"])
+    run_page = f"{base}/#/experiments/{mlflow['experiment_id']}/runs/{mlflow['parent_run_id']}"
+    console.print(f"MLflow run{hint}: {run_page}", soft_wrap=True)
+    promotion = summary.get("promotion")
+    if promotion:
+        console.print(
+            f"registered model: {base}/#/models/{promotion['registered_model']}/versions/{promotion['version']}"
+        )
+
+
 @app.command()
 def run(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     seed: Annotated[int | None, typer.Option(help="Override the config's seed.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Name of the run (default: generated).")] = None,
     resume: Annotated[
@@ -66,17 +135,19 @@ def run(
     ] = None,
     set_: SetOption = None,
 ) -> None:
-    """Run the whole pipeline and print its summary; ``--resume RUN_ID`` continues a crashed run."""
+    """Run the whole pipeline and print its summary; --resume RUN_ID continues a crashed run."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from flows.pipeline import new_run_id, pipeline
+    from tasks.preflight import preflight
     from tasks.probe import NoLearningSignal
 
     _setup_logging()
-    cfg = _config(config, set_, seed=seed)
+    cfg = _config(config, set_, config_option, seed=seed)
     if resume:
         snapshot = RunLayout.of(cfg.output_dir, resume).config_snapshot
         if not snapshot.is_file():
-            console.print(f"[red]no pipeline run {resume!r} to resume: {snapshot} does not exist[/red]")
-            raise typer.Exit(2)
+            raise ConfigError(f"no pipeline run {resume!r} to resume: {snapshot} does not exist")
         cfg = PipelineConfig.model_validate_json(snapshot.read_text())
         from tasks.runs import finished_parent_run
 
@@ -85,49 +156,83 @@ def run(
             console.print(f"run {resume} already finished: nothing to resume (its summary: {summary_path})")
             return
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
+    preflight(cfg)  # missing inputs fail here, before a server, a run or a model is started
     run_name = resume or run_id or new_run_id(cfg)
+    api_url, where = _prefect_server()
+    _store(cfg)
+    notes.print(f"[dim]{where}[/dim]")
     console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")
     try:
-        summary = pipeline(cfg, run_name)
+        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+            summary = pipeline(cfg, run_name)
     except NoLearningSignal as exc:
         console.print(f"[yellow]stopped before GRPO:[/yellow] {exc}")
         raise typer.Exit(3) from exc
     print_summary(summary)
+    print_links(summary)
 
 
 def _validated(cfg: PipelineConfig, show: bool = False) -> Any:
-    """Run the validate stage into ``output_dir/validate`` for a standalone command; exit 1 past the limits."""
-    from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate
+    """Run the validate stage into output_dir/validate for a standalone command; past the limits, a user error."""
+    from tasks.validate import enforce_limits, run_validate
 
     result = run_validate(cfg, command_dir(cfg.output_dir, "validate"))
     if show:
         console.print_json(json.dumps(result.to_json()))
-    try:
-        enforce_limits(result, cfg)
-    except QuarantineLimitExceeded as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
+    enforce_limits(result, cfg)
     return result
 
 
 @app.command()
-def validate(config: ConfigArg = None, set_: SetOption = None) -> None:
+def validate(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
     """Run the validate stage alone; writes train / hold-out / quarantine files under output_dir/validate."""
-    _validated(_config(config, set_), show=True)
+    from tasks.preflight import preflight
+
+    cfg = _config(config, set_, config_option)
+    preflight(cfg)
+    _validated(cfg, show=True)
+
+
+@app.command()
+def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
+    """Run every check that needs no model, then exit: the config, paths and model source, the data's columns
+    and rows (the validate stage, with its quarantine), reward imports, and the tracking store."""
+    from tasks.preflight import PreflightError, path_problems, tracking_problem
+
+    cfg = _config(config, set_, config_option)  # the config's keys and its reward imports
+    console.print("config and reward imports: ok")
+    problems = path_problems(cfg)
+    if problems:
+        raise PreflightError("; ".join(problems))
+    console.print("paths and model source: ok")
+    result = _validated(cfg)
+    console.print(
+        f"data: ok ({result.rows_kept}/{result.rows_in} rows kept, {result.rows_train} train, "
+        f"{result.rows_holdout} hold-out; quarantine: {result.quarantine_path})"
+    )
+    problem = tracking_problem(cfg)
+    if problem:
+        from tasks.runs import RegistryError
+
+        raise RegistryError(problem)
+    console.print(f"tracking store: ok ({_store(cfg)})")
 
 
 @app.command()
 def probe(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
     adapter: Annotated[Path | None, typer.Option(help="Probe base + this LoRA adapter folder.")] = None,
     set_: SetOption = None,
 ) -> None:
     """Probe the reward distribution of the base model (or base + adapter) on the train split."""
+    from tasks.preflight import preflight
     from tasks.probe import gate_message, probe_verdict, run_probe, sample_completions
     from tasks.sources import resolve_model_source
 
     _setup_logging()
-    cfg = _config(config, set_)
+    cfg = _config(config, set_, config_option)
+    preflight(cfg)
     data = _validated(cfg)
     label = "adapter" if adapter else "base"
     base_dir, stage_dir = resolve_model_source(cfg.model.source), command_dir(cfg.output_dir, "probe")
@@ -140,40 +245,88 @@ def probe(
         raise typer.Exit(3)
 
 
+NameArg = Annotated[str, typer.Argument(help="Registered model name.")]
+ModelArg = Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")]
+
+
 @app.command()
 def rollback(
-    name: Annotated[str, typer.Argument(help="Registered model name.")],
-    to: Annotated[str | None, typer.Option("--to", help="Version to make champion (default: previous).")] = None,
-    reason: Annotated[str, typer.Option(help="Why; recorded on the version.")] = "manual rollback",
-    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+    name: NameArg,
+    to: Annotated[str | None, typer.Option("--to", help="Version to make champion (default: the one before).")] = None,
+    reason: Annotated[str, typer.Option(help="Why; recorded in the history and on the version.")] = "manual rollback",
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
 ) -> None:
-    """Move ``champion`` back to the previous champion (or to --to VERSION)."""
+    """Move champion back to the champion before it (or to --to VERSION); a plain rollback undoes the last move."""
     from flows.rollback import rollback_flow
+    from tasks.registry import client_for, registered_model
 
-    cfg = _config(config)
-    version = rollback_flow(cfg.resolved_tracking_uri(), name, to, reason)
+    uri = _store(_config(None, set_, config), tracking_uri)
+    registered_model(client_for(uri), name)  # a missing model is named before any flow or lock starts
+    version = rollback_flow(uri, name, to, reason)
     console.print(f"{name}@champion → version {version}")
+
+
+@app.command()
+def versions(
+    name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
+) -> None:
+    """Every version of a registered model with its aliases and headline metrics, newest first."""
+    from tasks.champions import version_rows
+    from tasks.registry import client_for
+
+    uri = _store(_config(None, set_, config), tracking_uri)
+    rows = version_rows(client_for(uri), name)
+    _print_table(f"{name}: {len(rows)} versions", rows)
+
+
+@app.command()
+def history(
+    name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
+) -> None:
+    """The champion's moves, oldest first: version, when, why, by which run or command."""
+    from tasks.champions import reconcile
+    from tasks.registry import client_for
+
+    uri = _store(_config(None, set_, config), tracking_uri)
+    moves, current = reconcile(client_for(uri), name)
+    rows = [{"#": str(m.seq), "version": m.version, "move": m.kind, "when": m.at or "-", "why": m.why, "by": m.by}
+            for m in moves]  # fmt: skip
+    _print_table(f"{name}@champion history (now: {'v' + current if current else 'none'})", rows)
+
+
+def _print_table(title: str, rows: list[dict[str, str]]) -> None:
+    table = Table(title=title)
+    for column in rows[0] if rows else ["(none)"]:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    console.print(table)
 
 
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The user prompt.")],
     model: Annotated[str, typer.Option(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
-    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
-    max_new_tokens: int = 64,
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens to generate (greedy decoding).")] = 64,
 ) -> None:
     """Answer a prompt with a registered adapter (base model read from the version's tag)."""
+    import tempfile
+
     from tasks.data import render_prompt
     from tasks.generation import generate_completions
     from tasks.models import load_policy, load_tokenizer
     from tasks.registry import fetch_adapter
     from tasks.sources import resolve_model_source
 
-    cfg = _config(config)
-    import tempfile
-
+    cfg = _config(None, set_, config)
+    uri = _store(cfg, tracking_uri)
     with tempfile.TemporaryDirectory() as scratch:
-        base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, Path(scratch))
+        base, adapter_dir, version = fetch_adapter(uri, model, Path(scratch))
         base_dir = resolve_model_source(base)
         tokenizer = load_tokenizer(base_dir)
         policy = load_policy(base_dir, adapter_dir)
@@ -181,7 +334,7 @@ def generate(
         answer = generate_completions(
             policy, tokenizer, [text], greedy=True, max_new_tokens=max_new_tokens, precision=cfg.model.precision
         )[0][0]
-    console.print(f"[dim]{model} (version {version.version}, base {base})[/dim]")
+    notes.print(f"[dim]{model} (version {version.version}, base {base})[/dim]")
     sys.stdout.write(answer + "\n")
 
 
@@ -189,36 +342,37 @@ def generate(
 def evaluate(
     model: Annotated[str, typer.Option(help="models:/NAME@ALIAS or models:/NAME/VERSION to evaluate alone.")],
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
     set_: SetOption = None,
 ) -> None:
     """Evaluate a registered adapter alone on the config's hold-out split (and the base model beside it)."""
     from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate
+    from tasks.preflight import preflight
     from tasks.registry import fetch_adapter
     from tasks.sources import resolve_model_source
 
     _setup_logging()
-    cfg = _config(config, set_)
+    cfg = _config(config, set_, config_option)
+    preflight(cfg)
+    uri = _store(cfg, tracking_uri)
     data = _validated(cfg)
     scratch = command_dir(cfg.output_dir, "evaluate")
-    base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, scratch / "download")
+    base, adapter_dir, version = fetch_adapter(uri, model, scratch / "download")
     base_dir = resolve_model_source(base)
     models = {"base": ModelSpec("base", base_dir), "candidate": ModelSpec(f"v{version.version}", base_dir, adapter_dir)}
     result = run_evaluate(cfg, data.holdout_path, models, scratch)
-    table = Table(title=f"{model} on {data.rows_holdout} hold-out rows")
-    rows = evaluation_table(result)
-    for column in rows[0]:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*[str(v) for v in row.values()])
-    console.print(table)
+    _print_table(f"{model} on {data.rows_holdout} hold-out rows", evaluation_table(result))
     console.print_json(json.dumps({"comparisons": result.comparisons, "forgetting": result.forgetting}))
 
 
 @app.command()
 def export(
-    model: Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
+    model: ModelArg,
     merged: Annotated[Path, typer.Option("--merged", help="Write base + adapter merged into this folder.")],
-    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
 ) -> None:
     """Write a merged model folder (base weights with the adapter folded in) that transformers and vLLM load."""
     import tempfile
@@ -226,72 +380,87 @@ def export(
     from tasks.models import export_merged
     from tasks.registry import fetch_adapter
 
-    cfg = _config(config)
+    uri = _store(_config(None, set_, config), tracking_uri)
     with tempfile.TemporaryDirectory() as scratch:
-        base, adapter_dir, version = fetch_adapter(cfg.resolved_tracking_uri(), model, Path(scratch))
+        base, adapter_dir, version = fetch_adapter(uri, model, Path(scratch))
         export_merged(base, adapter_dir, merged)
     console.print(f"{model} (version {version.version}) merged into {merged}")
 
 
 @app.command()
 def migrate(
-    name: Annotated[str, typer.Argument(help="Registered model name.")],
-    config: Annotated[Path | None, typer.Option(help="Config whose tracking URI to use.")] = None,
+    name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
 ) -> None:
     """Re-register versions registered as plain adapter folders as MLflow models (aliases move with them)."""
     import tempfile
 
     from tasks.registry import migrate_versions
 
-    cfg = _config(config)
+    cfg = _config(None, set_, config)
+    uri = _store(cfg, tracking_uri)
     with tempfile.TemporaryDirectory() as scratch:
-        moved = migrate_versions(cfg.resolved_tracking_uri(), name, cfg.tracking.experiment_name, Path(scratch))
+        moved = migrate_versions(uri, name, cfg.tracking.experiment_name, Path(scratch))
     console.print(", ".join(f"v{old} → v{new}" for old, new in moved.items()) or "nothing to migrate")
 
 
 @app.command()
 def up(
     config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    set_: SetOption = None,
     home: Annotated[
-        Path | None, typer.Option(help="Data folder for both servers. Default: <output_dir>/services")
+        Path | None, typer.Option(help="Folder for the servers' logs. Default: <output_dir>/services")
     ] = None,
     prefect_port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1.")] = 4200,
     mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1.")] = 5000,
 ) -> None:
-    """Start a Prefect server and an MLflow server on 127.0.0.1 (data under the output dir); Ctrl-C stops both."""
-    from flows.services import ServiceError, start_services
+    """Serve the UIs of what runs wrote: MLflow over the config's store, Prefect over the Prefect home's runs.
+    While it runs, grpoflow run reports to this Prefect server. Ctrl-C stops both."""
+    import os
 
-    cfg = _config(config)
+    from prefect.settings import PREFECT_HOME
+
+    from flows.services import forget_up, record_up, start_services
+    from tasks.locks import local_store_path
+
+    cfg = _config(config, set_, config_option)
+    uri = _store(cfg)
+    if local_store_path(uri) is None or not uri.startswith("sqlite:"):
+        raise ConfigError(f"the config tracks to {uri}: open its UI there; `grpoflow up` serves a local SQLite store")
+    store_file = local_store_path(uri).resolve()
     folder = home or cfg.output_dir / "services"
-    try:
-        services = start_services(folder, prefect_port, mlflow_port)
-    except ServiceError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
-    console.print(f"Prefect UI  {services.prefect_url}\nMLflow UI   {services.mlflow_url}\ndata        {folder}")
+    prefect_home = Path(os.path.expanduser(str(PREFECT_HOME.value())))
+    store = (store_file, cfg.output_dir / "mlartifacts")
+    services = start_services(folder, prefect_port, mlflow_port, mlflow_store=store, prefect_home=prefect_home)
+    record_up(services, uri)
+    console.print(f"Prefect UI  {services.prefect_url}   (runs in {prefect_home})\n"
+                  f"MLflow UI   {services.mlflow_url}   (store {uri})\nlogs        {folder}")  # fmt: skip
     console.print(
-        "In another shell:\n"
+        "grpoflow run/deploy on this machine now report here. For a worker, in another shell:\n"
         f"  export PREFECT_API_URL={services.prefect_api_url}\n"
-        f"  grpoflow run --set tracking.tracking_uri={services.mlflow_url}\n"
         "  grpoflow deploy && GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu\n"
         "Ctrl-C stops both servers."
     )
-    console.print(services.serve_until_stopped())
+    try:
+        console.print(services.serve_until_stopped())
+    finally:
+        forget_up()
 
 
 @app.command()
 def deploy(
     prefect_file: Annotated[Path | None, typer.Option(help="Deployment file. Default: infra/prefect.yaml")] = None,
 ) -> None:
-    """Register the deployments (nightly pipeline, rollback, GRPO) with the Prefect server at PREFECT_API_URL."""
-    from flows.services import PREFECT_FILE, ServiceError
+    """Register the deployments (nightly pipeline, rollback, GRPO) with the Prefect server at PREFECT_API_URL
+    (or a running grpoflow up)."""
+    import os
+
+    from flows.services import PREFECT_FILE, running_up
     from flows.services import deploy as register
 
-    try:
-        names = register(prefect_file or PREFECT_FILE)
-    except ServiceError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1) from exc
+    up = running_up()
+    env = {"PREFECT_API_URL": up["prefect_api_url"]} if up and not os.environ.get("PREFECT_API_URL") else None
+    names = register(prefect_file or PREFECT_FILE, env)
     console.print("registered: " + ", ".join(names))
     console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")
 

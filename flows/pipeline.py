@@ -18,6 +18,7 @@ from tasks.evaluate import champion_task, evaluate_task, lineup
 from tasks.events import announce_skipped, runs_closed_on_termination
 from tasks.grpo import grpo_task_for
 from tasks.layout import RunLayout, write_atomically
+from tasks.preflight import preflight
 from tasks.probe import NoLearningSignal, probe_task, prompts_to_keep
 from tasks.promote import promote_task
 from tasks.runs import close_pipeline, last_completed_run, start_pipeline, tag_data_fingerprint
@@ -51,6 +52,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
 
     ``skip_unchanged`` (scheduled runs): stop after validation when the config and the validated data are those
     of the last completed run. A run stopped by the probe or rejected by promotion emits a Prefect event."""
+    preflight(config)  # on a deployment's worker too: missing inputs fail before any stage starts
     layout = RunLayout.of(config.output_dir, run_id)
     layout.prepare(config)
     tracker = start_pipeline(config, layout)
@@ -58,6 +60,8 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
         config, validate_task, probe_task, sft_task, grpo_task_for(config), champion_task, evaluate_task
     )
     summary: dict[str, Any] = {"run_id": run_id, "run_dir": str(layout.run_dir), "probes": {}}
+    summary["mlflow"] = {"tracking_uri": tracker.tracking_uri, "experiment_id": tracker.experiment_id,
+                         "parent_run_id": tracker.parent_run_id}  # fmt: skip
     status = "FAILED"
     with runs_closed_on_termination(tracker):  # a cancel from the UI leaves no MLflow run open
         try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks import TELEMETRY_OFF
+from tasks.errors import InfrastructureError
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ GPU_POOL = "grpoflow-gpu"
 SERVICE_ENV = {**TELEMETRY_OFF, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
 
 
-class ServiceError(RuntimeError):
+class ServiceError(InfrastructureError, RuntimeError):
     """A server did not come up (the message names which, its URL and the tail of its log)."""
 
 
@@ -140,39 +141,47 @@ def _bin(name: str) -> str:
 
 
 def start_services(
-    home: Path, prefect_port: int = 4200, mlflow_port: int = 5000, startup_timeout: float = 120.0
+    home: Path,
+    prefect_port: int = 4200,
+    mlflow_port: int = 5000,
+    startup_timeout: float = 120.0,
+    mlflow_store: tuple[Path, Path] | None = None,
+    prefect_home: Path | None = None,
 ) -> Services:
-    """Start a Prefect server and an MLflow server (SQLite store, served artifacts) on 127.0.0.1.
+    """Start a Prefect server and an MLflow server (SQLite store) on 127.0.0.1.
 
-    Data: ``home/prefect`` (Prefect's database), ``home/mlflow`` (runs, registry, artifacts); logs beside them.
-    Raises ServiceError naming the server that failed; anything already started is stopped first.
+    Data: by default ``home/prefect`` (Prefect's database) and ``home/mlflow`` (runs, registry, served
+    artifacts). ``mlflow_store``: serve this (SQLite file, artifact folder) instead — the local store
+    ``grpoflow run`` writes when no tracking server is configured;
+    ``prefect_home``: the Prefect home whose database to serve (where ``grpoflow run``'s temporary servers kept
+    their runs). Logs go to ``home``. Raises ServiceError naming the server that failed; anything already
+    started is stopped first.
     """
     home = home.resolve()
-    (home / "prefect").mkdir(parents=True, exist_ok=True)
-    (home / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    prefect_home = (prefect_home or home / "prefect").resolve()
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    if mlflow_store is None:
+        (home / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
+        store = ["--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                 "--artifacts-destination", str(home / "mlflow" / "artifacts")]  # fmt: skip
+    else:
+        database, artifacts = (path.resolve() for path in mlflow_store)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        artifacts.mkdir(parents=True, exist_ok=True)
+        # Runs wrote file:// artifact locations; the server reads them from disk, as `mlflow ui` does.
+        store = ["--backend-store-uri", f"sqlite:///{database}",
+                 "--default-artifact-root", artifacts.as_uri(), "--no-serve-artifacts"]  # fmt: skip
     services = Services(f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}", home)
     base_env = {**os.environ, **SERVICE_ENV}
     commands = {
         "prefect": (
             [_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            {**base_env, "PREFECT_HOME": str(home / "prefect"), "PREFECT_UI_API_URL": services.prefect_api_url},
+            {**base_env, "PREFECT_HOME": str(prefect_home), "PREFECT_UI_API_URL": services.prefect_api_url},
             f"{services.prefect_url}/api/health",
         ),
         "mlflow": (
-            [
-                _bin("mlflow"),
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(mlflow_port),
-                "--backend-store-uri",
-                f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
-                "--artifacts-destination",
-                str(home / "mlflow" / "artifacts"),
-                "--workers",
-                "1",
-            ],
+            [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), *store, "--workers", "1"],
             base_env,
             f"{services.mlflow_url}/health",
         ),
@@ -190,6 +199,36 @@ def start_services(
         services.stop()
         raise
     return services
+
+
+def _up_state_file() -> Path:
+    from tasks.sources import cache_dir
+
+    return cache_dir() / "up.json"
+
+
+def record_up(services: Services, store: str) -> None:
+    """Note where ``grpoflow up`` serves, so ``grpoflow run`` on this machine uses that Prefect server."""
+    state = {"prefect_api_url": services.prefect_api_url, "mlflow_url": services.mlflow_url, "store": store,
+             "pid": os.getpid()}  # fmt: skip
+    _up_state_file().parent.mkdir(parents=True, exist_ok=True)
+    _up_state_file().write_text(json.dumps(state))
+
+
+def forget_up() -> None:
+    with contextlib.suppress(OSError):
+        _up_state_file().unlink()
+
+
+def running_up() -> dict[str, Any] | None:
+    """What a running ``grpoflow up`` serves (``prefect_api_url``, ``mlflow_url``, ``store``), or None."""
+    try:
+        state = json.loads(_up_state_file().read_text())
+        os.kill(int(state["pid"]), 0)
+        with urllib.request.urlopen(f"{state['prefect_api_url']}/health", timeout=2) as response:
+            return state if response.status == 200 else None
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return None
 
 
 def ensure_work_pool(name: str = CPU_POOL, pool_type: str = "process", env: dict[str, str] | None = None) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from reward_fns.code import code_passes, code_tests
@@ -88,11 +90,14 @@ def check_reward_name(name: str) -> None:
     raise ValueError(f"unknown reward function {name!r}; known: {known}; or give 'package.module:function'")
 
 
-def resolve_reward(name: str) -> RewardFunction:
-    """The function behind a built-in name or an import path such as ``my_pkg.rewards:score``."""
+def resolve_reward(name: str, path: str | Path | None = None) -> RewardFunction:
+    """The function behind a built-in name or an import path such as ``my_pkg.rewards:score``; ``path`` (a
+    folder) is put on ``sys.path`` first."""
     check_reward_name(name)
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
+    if path is not None and str(path) not in sys.path:
+        sys.path.append(str(path))
     module_name, _, attribute = name.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
@@ -201,6 +206,7 @@ def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], 
         item = spec if isinstance(spec, Mapping) else spec.model_dump()
         name = item["name"]
         label = name.rsplit(":", 1)[-1]
-        functions.append(IsolatedReward(label, resolve_reward(name), item.get("args") or {}, item.get("timeout_s")))
+        function = resolve_reward(name, item.get("path"))
+        functions.append(IsolatedReward(label, function, item.get("args") or {}, item.get("timeout_s")))
         weights.append(float(item.get("weight", 1.0)))
     return functions, weights

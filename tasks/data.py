@@ -90,10 +90,42 @@ def load_rows(settings: DataSettings, seed: int) -> list[Any]:
     """Every raw row of the configured source, unvalidated (validation decides what is usable), with
     ``data.columns`` renames applied."""
     rows = _load_source(settings, seed)
+    check_columns(rows, settings)
     if not settings.columns:
         return rows
     renames = {source: ours for ours, source in settings.columns.items()}
     return [{renames.get(k, k): v for k, v in row.items()} if isinstance(row, dict) else row for row in rows]
+
+
+REQUIRED_COLUMNS = ("prompt", "ground_truth")
+
+
+def check_columns(rows: list[Any], settings: DataSettings) -> None:
+    """A column that no row has is a mapping mistake, not a bad row: fail at once naming the source's columns.
+
+    >>> check_columns([{"question": "1+1?", "answer": "2"}], DataSettings(source="gsm.jsonl"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tasks.data.DataSourceError: gsm.jsonl has no column 'prompt', 'ground_truth' (its columns: 'answer', ...
+    """
+    present: set[str] = set()
+    for row in rows:
+        if isinstance(row, dict):
+            present.update(row)
+    if not present:
+        return  # no object rows at all: each row is quarantined with its own reason
+    mapped = {ours: settings.columns.get(ours, ours) for ours in REQUIRED_COLUMNS}
+    wanted = list(dict.fromkeys([*mapped.values(), *settings.columns.values()]))
+    missing = [column for column in wanted if column not in present]
+    if not missing:
+        return
+    have = ", ".join(repr(c) for c in sorted(present)[:12]) + (", …" if len(present) > 12 else "")
+    example = ", ".join(f"{ours}: <your {ours} column>" for ours in REQUIRED_COLUMNS if mapped[ours] in missing)
+    mapping = f" (data.columns now: {settings.columns})" if settings.columns else ""
+    raise DataSourceError(
+        f"{settings.source} has no column {', '.join(repr(c) for c in missing)} (its columns: {have}){mapping}; "
+        f"map yours with data.columns, e.g. data.columns: {{{example}}}"
+    )
 
 
 def _load_source(settings: DataSettings, seed: int) -> list[Any]:

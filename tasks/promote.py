@@ -2,7 +2,7 @@
 only when the candidate beats the current champion (or the base model, when there is none).
 
 The decision reads one input (``PromotionCase``, taken from the evaluation by role) and the registry applies it
-in one call (``tasks.registry.apply_promotion``), inside a lock that serialises promotions of a model
+in one call (``tasks.champions.apply_promotion``), inside a lock that serialises promotions of a model
 (``tasks.locks.promotion_lock``).
 Must not import: another stage's logic (it reads the evaluate stage's result types, nothing else); Prefect and
 MLflow appear only in its task wrapper; registry calls go through ``tasks/registry.py``.
@@ -20,12 +20,13 @@ from typing import Any, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.champions import apply_promotion
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.events import emit_pipeline_event
 from tasks.locks import promotion_lock
 from tasks.model_card import short_description
-from tasks.registry import RegistryError, apply_promotion, register_adapter
+from tasks.registry import RegistryError, register_adapter
 from tasks.reporting import publish_markdown, tracked_stage
 from tasks.runs import StageRun, Tracker
 
@@ -176,7 +177,8 @@ def run_promote(
         if summary:
             client.update_model_version(name, number, short_description(summary, name, number))
     version = registered["candidate"]
-    outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version)
+    by = f"pipeline run {lineage.get('pipeline_run_id', '?')}"
+    outcome = apply_promotion(client, registered_model, version, promote, reason, case.champion_version, by)
     metrics = {
         "pass1": candidate.pass_at_k.get(1),
         "pass1_low": candidate.pass1_interval[0],

@@ -1,15 +1,13 @@
-"""The MLflow Model Registry: versions, the ``champion``/``challenger`` aliases, champion history, rollback,
-downloading a registered adapter, and migrating versions registered before they were MLflow models.
+"""The MLflow Model Registry: versions, alias lookups, downloading a registered adapter, and migrating
+versions registered before they were MLflow models (who is champion: ``tasks/champions.py``).
 
-Owns: every registry read and write. Must not import: torch, transformers, PEFT, Prefect (``grpoflow rollback``
+Owns: registry reads and version writes. Must not import: torch, transformers, PEFT, Prefect (``grpoflow rollback``
 and the registry commands load only this; a test checks it in a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ __all__ = ["RegistryError", "client_for"]  # the registry's error type and clien
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-HISTORY_TAG = "grpoflow.champion_history"
+HISTORY_TAG = "grpoflow.champion_history"  # the history before moves were tags (tasks/champions.py)
 
 
 def alias_version(client: Any, name: str, alias: str) -> Any | None:
@@ -90,74 +88,6 @@ def registered_model(client: Any, name: str) -> Any:
         raise RegistryError(f"registry lookup of {name} failed: {exc}") from exc
 
 
-def champion_history(client: Any, name: str) -> list[str]:
-    return json.loads(registered_model(client, name).tags.get(HISTORY_TAG, "[]"))
-
-
-def move_champion(client: Any, name: str, version: str, reason: str) -> None:
-    """Point ``name@champion`` at ``version`` and append it to the history kept on the registered model."""
-    history = champion_history(client, name)
-    client.set_registered_model_alias(name, CHAMPION, version)
-    history.append(version)
-    client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
-    client.set_model_version_tag(name, version, "grpoflow.promoted_at", time.strftime("%Y-%m-%dT%H:%M:%S"))
-    client.set_model_version_tag(name, version, "grpoflow.promotion_reason", reason)
-
-
-@dataclass(frozen=True)
-class PromotionOutcome:
-    """What the registry did with a candidate version: made it champion, or set it as challenger, and why."""
-
-    promoted: bool
-    reason: str
-
-
-def apply_promotion(
-    client: Any, name: str, version: str, promote: bool, reason: str, champion_at_evaluation: str | None
-) -> PromotionOutcome:
-    """Apply a promotion decision to the registry: ``version`` becomes ``champion`` when the decision says so and
-    ``champion`` still points where it did when the candidate was evaluated; otherwise it becomes
-    ``challenger``. The alias is re-read here, inside the caller's promotion lock, before anything moves."""
-    current = alias_version_number(client, name, CHAMPION)
-    if current == version:  # a resumed run that had already promoted this version
-        return PromotionOutcome(True, "already champion")
-    if promote and current != champion_at_evaluation:
-        promote, reason = False, (
-            f"champion moved from {champion_at_evaluation} to {current} while this run was evaluated "
-            "against it; not promoting over an adapter it was not compared with"
-        )
-    if promote:
-        move_champion(client, name, version, reason)
-    else:
-        client.set_registered_model_alias(name, CHALLENGER, version)
-    client.set_model_version_tag(name, version, "grpoflow.promotion_decision", reason)
-    return PromotionOutcome(promote, reason)
-
-
-def rollback_champion(client: Any, name: str, to_version: str | None = None, reason: str = "rollback") -> str:
-    """Move ``champion`` back to the previous champion (or to ``to_version``); returns the version now champion."""
-    history = champion_history(client, name)
-    current = alias_version(client, name, CHAMPION)
-    if to_version is None:
-        earlier = [v for v in history if current is None or v != str(current.version)]
-        if not earlier:
-            raise RegistryError(f"{name} has no earlier champion to roll back to (history: {history})")
-        to_version = earlier[-1]
-    client.get_model_version(name, to_version)  # raises when it does not exist
-    client.set_registered_model_alias(name, CHAMPION, to_version)
-    if history and current is not None and history[-1] == str(current.version):
-        history.pop()
-    if not history or history[-1] != to_version:
-        history.append(to_version)
-    client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    client.set_model_version_tag(name, to_version, "grpoflow.rolled_back_to_at", stamp)
-    client.set_model_version_tag(name, to_version, "grpoflow.rollback_reason", reason)
-    if current is not None:
-        client.set_model_version_tag(name, str(current.version), "grpoflow.rolled_back_from_at", stamp)
-    return to_version
-
-
 def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     """``models:/NAME@alias`` or ``models:/NAME/VERSION`` → (name, alias, version).
 
@@ -185,6 +115,8 @@ def fetch_adapter(tracking_uri: str, uri: str, destination: Path) -> tuple[str, 
     except RegistryError:
         raise
     except Exception as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(getattr(exc, "error_code", "")) or "not found" in str(exc).lower():
+            raise ModelNotFound(f"{uri} does not exist at {tracking_uri}") from exc
         raise RegistryError(f"{uri} could not be read from {tracking_uri}: {str(exc)[:200]}") from exc
     if model_version is None:
         raise ModelNotFound(f"{uri} does not exist at {tracking_uri}")
@@ -251,9 +183,13 @@ def migrate_versions(tracking_uri: str, name: str, experiment_name: str, scratch
             if str(holder) == number:
                 client.set_registered_model_alias(name, alias, new)
         moved[number] = new
-    if moved and HISTORY_TAG in model.tags:
-        history = [moved.get(v, v) for v in json.loads(model.tags[HISTORY_TAG])]
-        client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+    if moved:
+        from tasks.champions import renumber_moves
+
+        renumber_moves(client, name, moved)
+        if HISTORY_TAG in model.tags:  # a history written before moves were tags
+            history = [moved.get(v, v) for v in json.loads(model.tags[HISTORY_TAG])]
+            client.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
     if run is not None:
         client.set_terminated(run.info.run_id, "FINISHED")
     return moved

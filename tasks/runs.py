@@ -31,6 +31,7 @@ RUN_ID_TAG = "grpoflow.run_id"
 STAGE_TAG = "grpoflow.stage"
 FINGERPRINT_TAG = "grpoflow.data_fingerprint"
 SKIPPED_TAG = "grpoflow.skipped"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 
 
 class RegistryError(InfrastructureError, RuntimeError):
@@ -205,6 +206,9 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
             experiment_id = client.create_experiment(config.tracking.experiment_name, artifact_location=artifacts)
         else:
             experiment_id = experiment.experiment_id
+        if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
+            # MLflow 3's UI opens an experiment on its GenAI overview unless told it holds training runs.
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, "custom_model_development")
         earlier = close_interrupted_runs(client, experiment_id, run_id)
         if earlier:
             logger.warning("closed the MLflow runs an earlier attempt at %s left RUNNING (marked FAILED)", run_id)

@@ -4,25 +4,39 @@ import sys
 import time
 from pathlib import Path
 
-from typer.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 
-from flows.cli import app
+from flows.cli import main
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Command:
+    """What CliRunner calls (``.main``): here ``flows.cli.main``, the error boundary the console script runs."""
+
+    name = "grpoflow"
+
+    def main(self, args: list[str], prog_name: str | None = None, **extra: object) -> None:
+        main(list(args))
+
+
+def grpoflow(*args: str) -> Result:
+    return runner.invoke(_Command(), list(args))  # type: ignore[arg-type]
 
 
 def test_typo_in_config_fails_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "typo.yaml"
     config.write_text("grpo:\n  num_generation: 4\n")
-    result = runner.invoke(app, ["run", str(config)])
+    result = grpoflow(*["run", str(config)])
     assert result.exit_code == 2
     assert "grpo.num_generation" in result.output
 
 
 def test_validate_command_writes_the_split(tmp_path: Path) -> None:
-    result = runner.invoke(
-        app,
-        ["validate", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}", "--set", "data.arithmetic.num_rows=50"],
+    result = grpoflow(
+        *["validate", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}", "--set", "data.arithmetic.num_rows=50"],
     )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "validate" / "train.jsonl").is_file()
@@ -33,9 +47,10 @@ def _registered(tmp_path: Path, adapter: Path, versions: int = 2) -> Path:
     """A config file whose MLflow store holds ``versions`` versions of the tiny adapter; the last is champion."""
     import yaml
 
+    from tasks.champions import move_champion
     from tasks.config import load_config
     from tasks.layout import RunLayout
-    from tasks.registry import client_for, move_champion, register_adapter
+    from tasks.registry import client_for, register_adapter
     from tasks.runs import start_pipeline
 
     config_path = tmp_path / "cli.yaml"
@@ -67,9 +82,8 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     from tasks.sources import resolve_model_source
 
     config = _registered(tmp_path, tiny_adapter)
-    result = runner.invoke(
-        app,
-        [
+    result = grpoflow(
+        *[
             "generate",
             "What is 1 + 1?",
             "--model",
@@ -84,9 +98,7 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     assert "version 2" in result.output
 
     merged = tmp_path / "merged"
-    result = runner.invoke(
-        app, ["export", "models:/cli-model@champion", "--merged", str(merged), "--config", str(config)]
-    )
+    result = grpoflow(*["export", "models:/cli-model@champion", "--merged", str(merged), "--config", str(config)])
     assert result.exit_code == 0, result.output
     plain = AutoModelForCausalLM.from_pretrained(merged)
     assert not any("lora" in name for name, _ in plain.named_parameters())
@@ -94,11 +106,11 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     ids = torch.tensor([[5, 6, 7, 8]])
     torch.testing.assert_close(plain(ids).logits, policy(ids).logits, rtol=1e-4, atol=1e-4)
 
-    result = runner.invoke(app, ["rollback", "cli-model", "--config", str(config), "--reason", "bad outputs"])
+    result = grpoflow(*["rollback", "cli-model", "--config", str(config), "--reason", "bad outputs"])
     assert result.exit_code == 0, result.output
     assert "cli-model@champion → version 1" in result.output
 
-    result = runner.invoke(app, ["evaluate", str(config), "--model", "models:/cli-model@champion"])
+    result = grpoflow(*["evaluate", str(config), "--model", "models:/cli-model@champion"])
     assert result.exit_code == 0, result.output
     assert "v1" in result.output and "pass@1" in result.output
 
@@ -109,16 +121,45 @@ def _grpoflow(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_a_user_error_prints_what_and_what_to_do_without_a_traceback(tmp_path: Path) -> None:
-    result = _grpoflow(tmp_path, "--set", f"data.source={tmp_path / 'missing.jsonl'}")
+def test_a_user_error_inside_the_flow_prints_what_and_what_to_do_without_a_traceback(tmp_path: Path) -> None:
+    data = tmp_path / "gsm.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n' * 20)
+    result = _grpoflow(tmp_path, "--set", f"data.source={data}")
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
     error_lines = [line for line in output.splitlines() if "ERROR" in line or line.startswith(("error:", "fix "))]
     assert len(error_lines) <= 3, error_lines  # Prefect's lines about it stay off the console
-    assert result.stderr.strip().splitlines()[-2:] == [
-        f"error: data file not found: {tmp_path / 'missing.jsonl'}",
-        "fix the input named above and run again (exit 2; --debug shows the traceback)",
-    ]
+    last = result.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith(f"error: {data} has no column 'prompt', 'ground_truth' (its columns: 'answer', ")
+    assert "map yours with data.columns" in last[0]
+    assert last[1] == "fix the input named above and run again (exit 2; --debug shows the traceback)"
+
+
+USER_ERRORS = {
+    "missing data file": (["run", "--set", "data.source=missing.jsonl"], "data.source: data file not found: "),
+    "missing model folder": (["run", "--set", "model.source=./models/none"], "model folder not found: "),
+    "path taken for a Hub id": (["run", "--set", "model.source=models/my-model"], "is neither a folder"),
+    "reward not importable": (
+        ["check", "--set", 'rewards=[{"name": "no_such_module:score"}]'], "the module must be importable"),
+    "version that does not exist": (
+        ["generate", "hi", "--model", "models:/nope/3"], "models:/nope/3 does not exist at sqlite:"),
+    "rollback of an unknown model": (["rollback", "nope"], "no registered model 'nope' at sqlite:"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+def test_user_errors_print_at_most_three_lines_and_exit_2(tmp_path: Path, case: str) -> None:
+    args, expected = USER_ERRORS[case]
+    config = tmp_path / "c.yaml"
+    config.write_text(Path("configs/tiny.yaml").read_text() + f"\noutput_dir: {tmp_path / 'out'}\n")
+    command = [sys.executable, "-m", "flows.cli", args[0], *(["--config", str(config)]), *args[1:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})  # fmt: skip
+    lines = result.stderr.splitlines()
+    errors = lines[next((i for i, line in enumerate(lines) if line.startswith("error:")), 0) :]
+    assert result.returncode == 2 and len(errors) <= 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not any("ERROR" in line or "Error" in line for line in lines if line not in errors), lines
+    assert expected in errors[0], errors
 
 
 def test_an_unreachable_tracking_server_fails_fast_naming_it(tmp_path: Path) -> None:

@@ -102,8 +102,9 @@ def test_mlflow_models_serve_answers_over_http(registered_tiny, tmp_path: Path) 
 def test_versions_registered_before_are_migrated_to_mlflow_models(tiny_config, tiny_adapter, tmp_path, monkeypatch):
     import mlflow
 
+    from tasks.champions import move_champion
     from tasks.layout import RunLayout
-    from tasks.registry import migrate_versions, move_champion, register_adapter
+    from tasks.registry import migrate_versions, register_adapter
     from tasks.runs import start_pipeline
 
     uri, name = tiny_config.resolved_tracking_uri(), "old-model"

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tasks.champions import rollback_champion
 from tasks.config import PromotionSettings
 from tasks.layout import RunLayout
 from tasks.promote import PromotionCase, decide_promotion, run_promote
@@ -16,7 +17,6 @@ from tasks.registry import (
     alias_version,
     client_for,
     fetch_adapter,
-    rollback_champion,
 )
 from tasks.runs import start_pipeline
 from tasks.scoring import paired_difference

@@ -1,0 +1,97 @@
+"""Checks that need no model, run before any flow starts (and on a worker before the stages): input paths,
+model sources, the output folder, and — for ``grpoflow check`` — the data's columns and the tracking store.
+
+Owns: pre-flight checks. Must not import: torch, transformers, Prefect (it runs before any of them is needed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.errors import UserError
+
+
+class PreflightError(UserError, ValueError):
+    """An input the run needs is missing; the message names the config key and the path."""
+
+
+def _hub_cached(repo_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return isinstance(found, str)
+
+
+def model_source_problem(source: str, revision: str | None = None) -> str | None:
+    """What is wrong with ``model.source``, or None. A path-like source must be a model folder; a Hub id must be
+    in the local cache when the Hub is off (``HF_HUB_OFFLINE``).
+
+    >>> model_source_problem("/nowhere/my-model")
+    'model.source: model folder not found: /nowhere/my-model'
+    >>> model_source_problem("tiny-random") is None
+    True
+    """
+    from tasks.sources import SMOLLM2, TINY_RANDOM
+
+    if source in (SMOLLM2, TINY_RANDOM):
+        return None
+    local = Path(source).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            return f"model.source: {local} has no config.json (not a transformers model folder)"
+        return None
+    if source.startswith((".", "/", "~")) or source.count("/") != 1:
+        return f"model.source: model folder not found: {local}"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false")
+    if offline and not _hub_cached(source, revision):
+        return (
+            f"model.source: {source!r} is neither a folder ({local.resolve()} does not exist) nor a Hub model in "
+            "the local cache (HF_HUB_OFFLINE is set); give a model folder, or download it where the Hub is reachable"
+        )
+    return None
+
+
+def path_problems(config: PipelineConfig) -> list[str]:
+    """Every missing input path of ``config``, each naming its key: the data file or folder, the model, the
+    general sets, reward folders; and an output folder that cannot be created."""
+    problems = []
+    source = config.data.source
+    if not source.startswith(("builtin:", "hub:")) and not Path(source).exists():
+        problems.append(f"data.source: data file not found: {source}")
+    model = model_source_problem(config.model.source, config.model.revision)
+    if model:
+        problems.append(model)
+    for key in ("general_corpus", "general_questions"):
+        value = getattr(config.evaluation, key)
+        if value is not None and not Path(value).is_file():
+            problems.append(f"evaluation.{key}: file not found: {value}")
+    for index, spec in enumerate(config.rewards):
+        if spec.path is not None and not Path(spec.path).is_dir():
+            problems.append(f"rewards.{index}.path: folder not found: {spec.path}")
+    output = config.output_dir.resolve()
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+    if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK)):
+        problems.append(f"output_dir: {output} cannot be created ({existing} is not a writable folder)")
+    return problems
+
+
+def preflight(config: PipelineConfig) -> None:
+    """Raise PreflightError naming every missing input (at most three in the message) before anything starts."""
+    problems = path_problems(config)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise PreflightError("; ".join(problems[:3]) + more)
+
+
+def tracking_problem(config: PipelineConfig) -> str | None:
+    """None when the tracking store answers (a local store is created if new); else what is wrong."""
+    from tasks.runs import client_for
+
+    uri = config.resolved_tracking_uri()
+    try:
+        client_for(uri).search_experiments(max_results=1)
+    except Exception as exc:
+        return f"tracking store {uri} does not answer: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return None
