@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -188,3 +189,42 @@ def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
     ]
     parent = [r for r in runs if not any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
     assert [r["info"]["status"] for r in parent] == ["KILLED"]
+
+
+def test_up_serves_the_store_and_the_prefect_runs_a_local_run_wrote(registered_tiny, tmp_path, monkeypatch) -> None:
+    """One store: after a run on the local defaults, `grpoflow up` shows that run's registered model (MLflow)
+    and its flow run (Prefect), and while it runs, `grpoflow run` reports to it."""
+    import signal
+
+    import yaml
+
+    from flows.cli import _prefect_server, _ui_base
+    from flows.services import running_up
+
+    config, summary = registered_tiny
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text(yaml.safe_dump({**yaml.safe_load(Path("configs/tiny.yaml").read_text()),
+                                           "output_dir": str(config.output_dir)}))  # fmt: skip
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path / "cache"))  # where `up` notes what it serves
+    prefect_port, mlflow_port = free_port(), free_port()
+    ports = ["--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)]
+    command = [sys.executable, "-m", "flows.cli", "up", "--config", str(config_file), *ports, "--home", str(tmp_path)]
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while running_up() is None and time.monotonic() < deadline and up.poll() is None:
+            time.sleep(1)
+        state = running_up()
+        assert state is not None, (tmp_path / "up.log").read_text()[-3000:]
+        mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+        model = _get(f"{mlflow_url}/api/2.0/mlflow/registered-models/get?name=grpoflow-tiny")["registered_model"]
+        assert [a["version"] for a in model["aliases"]] == [summary["promotion"]["version"]]  # the run's version
+        names = [r["name"] for r in _post(f"{state['prefect_api_url']}/flow_runs/filter", {"limit": 200})]
+        assert summary["run_id"] in names
+        assert _prefect_server()[0] == state["prefect_api_url"]  # `grpoflow run` reports here while `up` runs
+        assert _ui_base(config.resolved_tracking_uri()) == (mlflow_url, "")  # and its links open this UI
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=60)
+    assert running_up() is None
