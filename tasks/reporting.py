@@ -19,9 +19,22 @@ def _key(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
 
+def progress_text(markdown: str) -> str:
+    """The words of a stage's markdown summary on one line, for the run log (headings and tables dropped).
+
+    >>> progress_text("### promote\\nv3 became **champion**: gain +2.0%\\n\\n| a | b |\\n|---|---|\\n")
+    'v3 became champion: gain +2.0%'
+    """
+    lines = [line.strip() for line in markdown.splitlines()]
+    kept = [line for line in lines if line and not line.startswith(("#", "|"))]
+    return " ".join(kept).replace("**", "").replace("`", "")
+
+
 def publish_markdown(name: str, markdown: str) -> None:
-    """A markdown artifact on the current flow run."""
+    """A markdown artifact on the current flow run; its words also go to the run log (the Prefect UI's logs)."""
     from prefect.artifacts import create_markdown_artifact
+
+    logger.info("%s: %s", name, progress_text(markdown))
 
     try:
         create_markdown_artifact(markdown=markdown, key=_key(name), description=name)
@@ -30,7 +43,11 @@ def publish_markdown(name: str, markdown: str) -> None:
 
 
 def publish_table(name: str, rows: list[dict[str, Any]]) -> None:
+    """A table artifact on the current flow run; each row also goes to the run log as ``key=value`` pairs."""
     from prefect.artifacts import create_table_artifact
+
+    for row in rows[:20]:
+        logger.info("%s: %s", name, ", ".join(f"{key}={value}" for key, value in row.items()))
 
     try:
         create_table_artifact(table=rows, key=_key(name), description=name)

@@ -159,6 +159,7 @@ class Tracker:
         stage = StageRun(self.tracking_uri, run.info.run_id, name, stage_dir)
         started = time.perf_counter()
         status = "FAILED"
+        logger.info("stage %s started (MLflow run %s)", name, run.info.run_id)
         try:
             yield stage
             status = "FINISHED"
@@ -174,6 +175,7 @@ class Tracker:
             raise
         finally:
             seconds = time.perf_counter() - started
+            logger.info("stage %s %s after %.1f s", name, "finished" if status == "FINISHED" else "failed", seconds)
             try:
                 stage.log_metrics({"stage_seconds": seconds, "peak_rss_mb": peak_rss_mb()})
                 self.client.log_metric(self.parent_run_id, f"{name}_seconds", seconds)

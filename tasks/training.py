@@ -4,6 +4,7 @@ Must not import: Prefect, the stages."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from transformers import TrainerCallback
 
 from tasks.config import PipelineConfig
 from tasks.precision import resolve_dtype
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +60,13 @@ class MlflowTrainerCallback(TrainerCallback):
         self.stage.log_metrics(
             {k: float(v) for k, v in numbers.items() if isinstance(v, int | float)}, step=state.global_step
         )
+        shown = [f"{key} {numbers[key]:.4g}" for key in PROGRESS_KEYS if isinstance(numbers.get(key), int | float)]
+        if shown:  # the run log (Prefect UI) shows training as it goes
+            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, state.max_steps, ", ".join(shown))
+
+
+# What a person watching the run log wants of each logged step (the rest is in MLflow).
+PROGRESS_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "entropy", "mean_token_accuracy", "train_loss")
 
 
 def lora_config(config: PipelineConfig) -> Any:

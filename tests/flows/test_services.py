@@ -141,6 +141,21 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> No
     assert {"mlflow-validate", "mlflow-grpo", "mlflow-promote"} <= set(links)
     assert all(f"]({services.mlflow_url}/#/experiments/" in text for text in links.values())
 
+    # The Prefect UI's run logs carry the stage progress: stages, training steps, verdicts, the decision.
+    expected = ("stage validate finished", "sft step 1/", "grpo step 1/", "probe-sft-verdict: ", "promote: ")
+    for _ in range(30):  # the server ingests log batches asynchronously
+        messages = []
+        for offset in range(0, 4000, 200):
+            page = _post(f"{services.prefect_api_url}/logs/filter", {"limit": 200, "offset": offset})
+            messages += [entry["message"] for entry in page]
+            if len(page) < 200:
+                break
+        missing = [line for line in expected if line not in "\n".join(messages)]
+        if not missing:
+            break
+        time.sleep(1)
+    assert not missing, missing
+
     # The same config and data again: the scheduled run skips training and says so.
     second = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
     assert _wait_for(services, second, 300, ("COMPLETED", "FAILED", "CRASHED"))["state_type"] == "COMPLETED"
