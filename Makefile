@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # No Hub on this machine; telemetry and other runtime defaults are set by the package itself (tasks/__init__.py).
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install sandbox-deps demo test lint bench clean
+.PHONY: install sandbox-deps demo test lint bench clean ui-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,12 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# A real browser on the real UIs after a tiny run (outside `make test`): Chromium from Debian's packages.
+ui-check: install
+	@command -v chromium >/dev/null || { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null; }; }
+	$(PY) infra/ui_check.py --screenshots docs
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

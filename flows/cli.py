@@ -114,8 +114,10 @@ def print_links(summary: dict[str, Any]) -> None:
     if not mlflow:
         return
     base, hint = _ui_base(mlflow["tracking_uri"])
-    run_page = f"{base}/#/experiments/{mlflow['experiment_id']}/runs/{mlflow['parent_run_id']}"
-    console.print(f"MLflow run{hint}: {run_page}", soft_wrap=True)
+    from tasks.runs import run_page
+
+    page = run_page(base, mlflow["experiment_id"], mlflow["parent_run_id"])
+    console.print(f"MLflow run{hint}: {page}", soft_wrap=True)
     promotion = summary.get("promotion")
     if promotion:
         console.print(

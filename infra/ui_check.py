@@ -47,6 +47,16 @@ def browse(url: str, screenshot: Path | None = None, wait_ms: int = 20000) -> st
     return dom.stdout
 
 
+def browse_until(url: str, needle: str, attempts: int = 3) -> str:
+    """The page's text once it shows ``needle``: lists fill in after their API calls, so each try waits longer."""
+    text = ""
+    for attempt in range(attempts):
+        text = text_of(browse(url, wait_ms=20000 * (attempt + 1)))
+        if needle in text:
+            break
+    return text
+
+
 def text_of(dom: str) -> str:
     """Visible text of a DOM dump, roughly: tags dropped, whitespace folded."""
     import html
@@ -101,9 +111,10 @@ def main() -> int:
         print(f"grpoflow up: Prefect {prefect}, MLflow {mlflow}")
         run_id = "ui-check-run"
         started = time.monotonic()
-        subprocess.run([*grpoflow, "run", str(config), "--run-id", run_id], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)  # fmt: skip
+        ran = subprocess.run([*grpoflow, "run", str(config), "--run-id", run_id], cwd=ROOT, env=env, check=True,
+                             capture_output=True, text=True, timeout=900)  # fmt: skip
         print(f"tiny run: {time.monotonic() - started:.0f} s")
+        run_link = next(line.split(": ", 1)[1] for line in ran.stdout.splitlines() if line.startswith("MLflow run"))
         subprocess.run([*grpoflow, "rollback", "grpoflow-tiny", "--to", "1", "--reason", "ui-check",
                         "--config", str(config)], cwd=ROOT, env=env, check=True, capture_output=True)  # fmt: skip
         runs = post(f"{prefect}/api/flow_runs/filter", {"flow_runs": {"name": {"any_": [run_id]}}})
@@ -112,12 +123,18 @@ def main() -> int:
         page = f"{prefect}/runs/flow-run/{flow_run}"
         text = text_of(browse(page, shots / "ui-prefect-run.png"))
         missing += require("Prefect flow run", text, [run_id, "Completed"])
-        text = text_of(browse(f"{page}?tab=Task%20Runs"))
-        missing += require("Prefect task runs", text, ["validate", "probe-sft", "sft", "grpo", "evaluate", "promote"])
-        text = text_of(browse(f"{page}?tab=Artifacts", shots / "ui-prefect-artifacts.png"))
-        missing += require("Prefect artifacts", text, ["evaluation", "promote", "validate"])
+        missing += require("Prefect run log", text, ["stage validate finished", "probe-base-verdict"])
+        text = browse_until(f"{prefect}/runs?tab=task-runs", run_id)
+        stages = ["validate-", "probe-base", "sft-", "probe-sft", "grpo-", "evaluate-", "promote-"]
+        missing += require("Prefect task runs", text, [run_id, *stages])
+        text = browse_until(f"{prefect}/artifacts/key/evaluation", run_id)
+        missing += require("Prefect evaluation artifact", text, ["evaluation", f"Flow run {run_id}", "evaluate-"])
         text = text_of(browse(f"{mlflow}/#/models/grpoflow-tiny", shots / "ui-mlflow-model.png"))
         missing += require("MLflow registered model", text, ["grpoflow-tiny", "Version 1", "@ champion"])
+        text = text_of(browse(run_link, shots / "ui-mlflow-run.png"))
+        missing += require(f"MLflow run page ({run_link})", text, [run_id, "Metrics", "Model registry"])
+        if "Evaluation runs" in text:  # MLflow 3's GenAI view: not where training runs are
+            missing.append("the run page opened in MLflow's GenAI view")
         print(f"screenshots: {shots}")
         return 1 if missing else 0
     finally:

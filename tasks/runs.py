@@ -56,6 +56,16 @@ def client_for(tracking_uri: str) -> Any:
     return client
 
 
+def run_page(ui_url: str, experiment_id: str, mlflow_run_id: str) -> str:
+    """The MLflow UI page of a run, in the "Model training" view (MLflow 3 opens runs in its GenAI view
+    otherwise, whatever the experiment's kind).
+
+    >>> run_page("http://127.0.0.1:5000/", "1", "abc")
+    'http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning'
+    """
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run_id}?workflowType=machine_learning"
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -140,7 +150,7 @@ class Tracker:
         """The MLflow UI address of a run, when tracking goes through a server."""
         if not self.tracking_uri.startswith(("http://", "https://")):
             return None
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{mlflow_run_id}"
+        return run_page(self.tracking_uri, self.experiment_id, mlflow_run_id)
 
     @contextmanager
     def stage(self, name: str, on_success: Callable[[str, str], None] | None = None) -> Iterator[StageRun]:
