@@ -109,6 +109,20 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     result = grpoflow(*["rollback", "cli-model", "--config", str(config), "--reason", "bad outputs"])
     assert result.exit_code == 0, result.output
     assert "cli-model@champion → version 1" in result.output
+    # A forced move, then a plain rollback: back to the champion before the forced move (v1), by any store option.
+    result = grpoflow("rollback", "cli-model", "--to", "2", "--set", f"output_dir={tmp_path / 'out'}")
+    assert result.exit_code == 0 and "cli-model@champion → version 2" in result.output, result.output
+    uri = f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"
+    result = grpoflow("rollback", "cli-model", "--tracking-uri", uri)
+    assert result.exit_code == 0 and "cli-model@champion → version 1" in result.output, result.output
+    assert f"store: {uri}" in result.output
+    result = grpoflow("history", "cli-model", "--config", str(config))
+    assert result.exit_code == 0 and "(now: v1)" in result.output, result.output
+    cells = [line.split("│") for line in result.output.splitlines() if line.startswith("│")]
+    assert [row[3].strip() for row in cells if row[1].strip()] == [
+        "promote", "promote", "undo", "set", "undo"]  # fmt: skip
+    result = grpoflow("versions", "cli-model", "--config", str(config))
+    assert result.exit_code == 0 and "champion" in result.output, result.output
 
     result = grpoflow(*["evaluate", str(config), "--model", "models:/cli-model@champion"])
     assert result.exit_code == 0, result.output
