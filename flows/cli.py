@@ -298,6 +298,63 @@ def history(
     _print_table(f"{name}@champion history (now: {'v' + current if current else 'none'})", rows)
 
 
+@app.command()
+def watch(
+    name: Annotated[str | None, typer.Argument(help="Registered model name. Default: the config's.")] = None,
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Re-evaluate champion against the champion before it on the config's hold-out data; with
+    watch.action=rollback, move it back when the earlier one is now better or the champion forgets too much."""
+    from flows.watch import watch_flow
+
+    _setup_logging()
+    cfg = _config(None, set_, config, **{"tracking.tracking_uri": tracking_uri})
+    _store(cfg)
+    report = watch_flow(cfg, name)
+    if report.get("skipped"):
+        console.print(report["skipped"])
+        return
+    _print_table(f"{report['name']}@champion watch", report["table"])
+    decision = report["decision"]
+    colour = "green" if decision["status"] == "healthy" else "yellow"
+    console.print(f"[{colour}]{decision['status']}[/{colour}]: {decision['reason']}", soft_wrap=True)
+    for note in decision["notes"]:
+        console.print(f"note: {note}", soft_wrap=True)
+
+
+@app.command()
+def pin(
+    name: NameArg,
+    version: Annotated[str, typer.Argument(help="The version to pin (normally the champion).")],
+    reason: Annotated[str, typer.Option(help="Why; shown by the watch.")] = "pinned by hand",
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Pin a version: the champion watch reports on a pinned champion but never reverts it."""
+    from tasks.registry import client_for
+    from tasks.watch import pin_champion
+
+    uri = _store(_config(None, set_, config), tracking_uri)
+    pin_champion(client_for(uri), name, version, reason)
+    console.print(f"{name} v{version} pinned: {reason}")
+
+
+@app.command()
+def unpin(
+    name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
+) -> None:
+    """Remove the pin: the champion watch may revert the champion again."""
+    from tasks.registry import client_for
+    from tasks.watch import unpin_champion
+
+    uri = _store(_config(None, set_, config), tracking_uri)
+    unpin_champion(client_for(uri), name)
+    console.print(f"{name}: no pin")
+
+
 def _print_table(title: str, rows: list[dict[str, str]]) -> None:
     table = Table(title=title)
     for column in rows[0] if rows else ["(none)"]:

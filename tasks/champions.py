@@ -5,7 +5,8 @@ never outgrows a tag's 5,000-character limit on a Postgres store, whatever the n
 change the log is reconciled with the alias as it actually is: a move made in the MLflow UI is recorded as an
 ``external`` move, so ``rollback`` still goes back to the champion before.
 
-Rollback replays the log as a stack: ``promote``, ``set`` (``rollback --to``) and ``external`` push a version,
+Rollback replays the log as a stack: ``promote``, ``set`` (``rollback --to``), ``watch`` (the champion watch)
+and ``external`` push a version,
 ``undo`` (a plain ``rollback``) pops one. So ``rollback`` after ``rollback --to 2`` returns to the champion that
 ``--to`` replaced.
 
@@ -36,7 +37,7 @@ from tasks.registry import (
 )
 
 MOVE_TAG_PREFIX = "grpoflow.champion.move."
-MoveKind = Literal["promote", "set", "undo", "external", "removed"]
+MoveKind = Literal["promote", "set", "watch", "undo", "external", "removed"]
 _MAX_REASON = 1000  # a tag value holds 5,000 characters on Postgres; the rest of a move is short
 
 
@@ -171,7 +172,12 @@ def apply_promotion(
 
 
 def rollback_champion(
-    client: Any, name: str, to_version: str | None = None, reason: str = "rollback", by: str = ""
+    client: Any,
+    name: str,
+    to_version: str | None = None,
+    reason: str = "rollback",
+    by: str = "",
+    kind: MoveKind = "set",
 ) -> str:
     """Move ``champion`` back to the champion before it (or to ``to_version``); returns the version now champion.
 
@@ -187,12 +193,12 @@ def rollback_champion(
             )
         target, kind = earlier[-1], "undo"
     else:
-        target, kind = str(to_version), "set"
+        target = str(to_version)
     try:
         client.get_model_version(name, target)
     except Exception as exc:
         raise ModelNotFound(f"{name} has no version {target} at {client.tracking_uri}") from exc
-    if target == current and kind == "set":
+    if target == current and kind != "undo":
         return target
     _set_champion(client, name, target)
     _record(client, name, moves, target, kind, reason, by or default_actor())

@@ -226,6 +226,18 @@ class PromotionSettings(_Strict):
     max_perplexity_increase: float = Field(0.25, description="Forgetting: relative general-text perplexity rise.")
 
 
+class WatchSettings(_Strict):
+    """The champion watch (``grpoflow watch``): re-evaluate ``@champion`` against the champion before it."""
+
+    action: Literal["alert", "rollback"] = Field(
+        "alert", description="On a regression: alert (report and emit an event) or rollback (also move champion)."
+    )
+    include_challenger: bool = Field(False, description="Also evaluate the newest @challenger (reported only).")
+    cooldown_h: float = Field(
+        6.0, ge=0, description="No automatic move within this many hours of any champion move (still reported)."
+    )
+
+
 class OrchestrationSettings(_Strict):
     task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
     retry_delay_seconds: int = Field(10, ge=0)
@@ -267,6 +279,7 @@ class PipelineConfig(_Strict):
     promotion: PromotionSettings = PromotionSettings()
     tracking: TrackingSettings = TrackingSettings()
     orchestration: OrchestrationSettings = OrchestrationSettings()
+    watch: WatchSettings = WatchSettings()
 
     @field_validator("rewards")
     @classmethod
@@ -286,7 +299,7 @@ class PipelineConfig(_Strict):
 
     def config_hash(self) -> str:
         """A short content hash of everything that changes what a run produces (output paths excluded)."""
-        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration"})
+        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration", "watch"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

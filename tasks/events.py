@@ -1,6 +1,7 @@
 """Prefect events about a pipeline run, and closing its MLflow runs when the run is cancelled (SIGTERM).
 
-Owns: ``grpoflow.run.*`` events and the SIGTERM handler. Must not import: torch, transformers.
+Owns: ``grpoflow.run.*`` and ``grpoflow.champion.*`` events, and the SIGTERM handler.
+Must not import: torch, transformers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ def emit_pipeline_event(event: str, run_id: str, payload: dict[str, Any]) -> Non
         )
     except Exception as exc:
         logger.warning("could not emit Prefect event grpoflow.run.%s: %s", event, exc)
+
+
+def emit_champion_event(event: str, model_name: str, payload: dict[str, Any]) -> None:
+    """A Prefect event about a registered model's champion (``grpoflow.champion.<event>``: ``regressed``,
+    ``rolled-back``), for automations to notify on; a failure to emit is logged, never raised."""
+    try:
+        from prefect.events import emit_event
+
+        emit_event(
+            event=f"grpoflow.champion.{event}",
+            resource={"prefect.resource.id": f"grpoflow.model.{model_name}", "prefect.resource.name": model_name},
+            payload=payload,
+        )
+    except Exception as exc:
+        logger.warning("could not emit Prefect event grpoflow.champion.%s: %s", event, exc)
 
 
 def announce_skipped(tracker: Tracker, previous_run: str) -> str:

@@ -71,6 +71,31 @@ def tiny_adapter(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def lora_adapter(tiny_model_dir: Path):
+    """Builds LoRA adapters over the tiny model: ``lora_adapter(folder, noise)``. noise 0: untrained (the base
+    model's behaviour); noise 1: random weights on the output layer, which raise general-text perplexity about
+    fourfold (the tiny model's tied output layer is near zero, so damage below it would not show)."""
+
+    def build(folder: Path, noise: float) -> Path:
+        import torch
+        from peft import LoraConfig, get_peft_model
+
+        from tasks.models import load_base_model
+
+        torch.manual_seed(1)
+        lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "lm_head"])
+        model = get_peft_model(load_base_model(tiny_model_dir), lora)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0, noise) if noise else parameter.zero_()
+        model.save_pretrained(folder)
+        return folder
+
+    return build
+
+
+@pytest.fixture
 def make_scores():
     """Build evaluation scores from per-prompt sampled pass@1 values (n = 4 samples per prompt)."""
     import numpy as np
@@ -133,4 +158,3 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
     output = tmp_path_factory.mktemp("registered") / "outputs"
     config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})
     return config, pipeline(config, "tiny-e2e-1")
-

@@ -8,7 +8,6 @@ import pytest
 
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
-from tasks.data import DataSourceError
 from tasks.probe import NoLearningSignal
 from tasks.runs import RUN_ID_TAG, client_for
 
@@ -116,16 +115,23 @@ def test_humaneval_config_stops_smollm2_at_the_base_probe(tmp_path: Path) -> Non
     assert len(rows) == 16 and all(row["code_tests"] is not None for row in rows)  # every program was judged
 
 
-def test_missing_data_file_fails_before_any_model_is_loaded(tiny_config: PipelineConfig, tmp_path) -> None:
+def test_missing_inputs_fail_before_any_stage_starts(tiny_config: PipelineConfig, tmp_path) -> None:
+    """On a worker too (the flow itself checks): every missing input is named, and nothing was started."""
+    from tasks.preflight import PreflightError
+
     broken = PipelineConfig.model_validate(
         {
             **tiny_config.model_dump(),
             "data": {**tiny_config.data.model_dump(), "source": str(tmp_path / "missing.jsonl")},
-            "model": {"source": str(tmp_path / "no-such-model")},  # would fail differently if reached
+            "model": {"source": str(tmp_path / "no-such-model")},
         }
     )
-    with pytest.raises(DataSourceError, match=str(tmp_path / "missing.jsonl")):
+    with pytest.raises(PreflightError) as error:
         pipeline(broken, "tiny-missing-data")
+    assert f"data.source: data file not found: {tmp_path / 'missing.jsonl'}" in str(error.value)
+    assert f"model.source: model folder not found: {tmp_path / 'no-such-model'}" in str(error.value)
+    assert not (tiny_config.output_dir / "tiny-missing-data").exists()
+    assert not (tiny_config.output_dir / "mlflow.db").exists()  # no MLflow run was opened
 
 
 def test_stages_retry_transient_failures_only() -> None:

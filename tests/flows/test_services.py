@@ -100,9 +100,10 @@ def stack(tmp_path: Path):
         services.stop()
 
 
-def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> None:
+def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_adapter) -> None:
     services, env, names, tmp_path = stack
     assert {
+        "grpoflow-watch/daily",
         "grpoflow-scheduled/nightly",
         "grpoflow-rollback/rollback",
         "grpoflow-grpo/grpo",
@@ -175,6 +176,41 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack) -> No
             break
         time.sleep(1)
     assert "grpoflow.run.skipped-unchanged" in seen, seen
+
+    # The champion watch as a deployment: v1 champion, then a damaged v2 (random output-layer weights: it forgets)
+    # registered and forced to champion by hand; the daily watch (action alert) reports it and emits the event.
+    from tasks.champions import rollback_champion
+    from tasks.config import load_config
+    from tasks.layout import RunLayout
+    from tasks.registry import CHAMPION, alias_version_number, client_for, register_adapter
+    from tasks.runs import start_pipeline
+
+    config = load_config("configs/tiny.yaml", overrides)
+    client = client_for(services.mlflow_url)
+    rollback_champion(client, "grpoflow-tiny", to_version="1", reason="test: v1 is the champion")
+    tracker = start_pipeline(config, RunLayout(tmp_path / "outputs" / "damaged"))
+    with tracker.stage("promote") as stage:
+        stage.log_artifact(lora_adapter(tmp_path / "damaged-adapter", 1.0), "adapter")
+        damaged = register_adapter(client, "grpoflow-tiny", stage.run_id, "adapter", {"base_model": "tiny-random"})
+    rollback_champion(client, "grpoflow-tiny", to_version=damaged, reason="test: forced by hand")
+    watch_overrides = {**overrides, "watch.action": "alert", "watch.cooldown_h": 0}
+    watched = _trigger(services, env, "grpoflow-watch/daily", {"config_path": "configs/tiny.yaml",
+                                                               "overrides": watch_overrides})  # fmt: skip
+    ended = _wait_for(services, watched, 300, ("COMPLETED", "FAILED", "CRASHED"))
+    assert ended["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+    assert alias_version_number(client, "grpoflow-tiny", CHAMPION) == damaged  # alert: nothing moved
+    watch_runs = client.search_runs(["1"], "tags.`grpoflow.stage` = 'watch'")
+    assert [r.data.tags["grpoflow.watch.status"] for r in watch_runs] == ["regressed"]
+    assert "forgets" in watch_runs[0].data.tags["grpoflow.watch.reason"]
+    for _ in range(30):
+        found = _post(
+            f"{services.prefect_api_url}/events/filter", {"filter": {"event": {"prefix": ["grpoflow.champion."]}}}
+        )
+        if {e["event"] for e in found["events"]} == {"grpoflow.champion.regressed"}:
+            break
+        time.sleep(1)
+    assert {e["event"] for e in found["events"]} == {"grpoflow.champion.regressed"}
+    assert found["events"][0]["resource"]["prefect.resource.id"] == "grpoflow.model.grpoflow-tiny"
 
 
 def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:

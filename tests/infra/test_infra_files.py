@@ -77,3 +77,15 @@ def test_scale_configs_use_vllm_and_a_gpu_deployment() -> None:
     assert single.orchestration.grpo_deployment == "grpoflow-grpo/grpo-gpu"
     multi = load_config(ROOT / "configs" / "gsm8k-qwen2.5-1.5b-multigpu.yaml")
     assert multi.grpo.generation.vllm_mode == "server" and multi.grpo.generation.vllm_server_base_url
+
+
+def test_champion_watch_automation_is_a_valid_prefect_automation_on_its_events() -> None:
+    from prefect.events.schemas.automations import AutomationCore
+
+    spec = yaml.safe_load((INFRA / "automations" / "champion-watch.yaml").read_text())
+    (automation,) = spec["automations"]
+    parsed = AutomationCore.model_validate(automation)
+    assert set(parsed.trigger.expect) == {"grpoflow.champion.regressed", "grpoflow.champion.rolled-back"}
+    assert parsed.actions[0].type == "send-notification"
+    daily = {d["name"]: d for d in yaml.safe_load((INFRA / "prefect.yaml").read_text())["deployments"]}["daily"]
+    assert daily["entrypoint"] == "flows/watch.py:watch_flow" and daily["schedules"][0]["cron"] == "0 6 * * *"
