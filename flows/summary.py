@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tasks.forgetting_stats import describe
+
 console = Console()
 
 
@@ -49,12 +51,9 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f"[{low:.1%}, {high:.1%}]",
             )
         console.print(table)
-        if evaluation.get("forgetting"):
-            drop = evaluation["forgetting"]
-            console.print(
-                f"forgetting vs base: general QA accuracy {0.0 - drop['qa_accuracy_drop']:+.1%}, "
-                f"general-text perplexity {drop['perplexity_increase']:+.1%}"
-            )
+        for against, key in (("base", "forgetting"), ("champion", "forgetting_vs_champion")):
+            if evaluation.get(key):  # intervals are 95 %, paired over the same questions and documents
+                console.print(f"forgetting vs {against}: {describe(evaluation[key])}")
         for key, diff in evaluation["comparisons"].items():
             console.print(
                 f"{key}: sampled pass@1 gain {diff['mean']:+.1%} "

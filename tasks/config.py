@@ -210,7 +210,11 @@ class EvaluationSettings(_Strict):
     bootstrap_resamples: int = Field(2000, ge=100)
     forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
     general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")
-    general_questions: Path | None = Field(None, description="JSONL of {question, answers}. Default: shipped.")
+    general_questions: Path | None = Field(
+        None,
+        description="JSONL of {question, choices, answers[, category]} (scored by answer likelihood) or "
+        "{question, answers} (scored by greedy generation). Default: shipped.",
+    )
 
     @model_validator(mode="after")
     def _n_covers_k(self) -> EvaluationSettings:
@@ -222,8 +226,15 @@ class EvaluationSettings(_Strict):
 class PromotionSettings(_Strict):
     margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
     pass_at_k_tolerance: float = Field(0.02, ge=0.0)
-    max_qa_accuracy_drop: float = Field(0.1, description="Forgetting: general-QA accuracy points lost vs base.")
-    max_perplexity_increase: float = Field(0.25, description="Forgetting: relative general-text perplexity rise.")
+    max_qa_accuracy_drop: float = Field(
+        0.05, description="Forgetting: general-QA accuracy lost (0.05 = 5 points) vs the base model and the champion."
+    )
+    max_perplexity_increase: float = Field(0.10, description="Forgetting: relative general-text perplexity rise.")
+    forgetting_test: Literal["lower", "upper", "point"] = Field(
+        "lower",
+        description="Which end of a forgetting drop's 95% interval must exceed its tolerance to reject: lower (a drop "
+        "shown beyond it), upper (reject unless shown within it), or the point estimate.",
+    )
 
 
 class WatchSettings(_Strict):

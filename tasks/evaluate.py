@@ -22,7 +22,8 @@ from prefect.cache_policies import NO_CACHE
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
-from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, forgetting, general_ability
+from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, fingerprint, general_ability
+from tasks.forgetting_stats import forgetting, forgetting_metrics, overlapping_questions
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_table, tracked_stage
@@ -87,13 +88,15 @@ class EvalResult:
     comparisons: dict[str, dict[str, float]]
     table_path: Path
     curve_path: Path
-    forgetting: dict[str, float] | None = None
+    forgetting: dict[str, Any] | None = None  # the candidate against the base model
     roles: dict[str, str] = field(default_factory=dict)  # role → model name
+    forgetting_reference: dict[str, Any] | None = None  # the candidate against the champion, when there is one
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Results pickled before roles existed (Prefect's cache of a run started then) listed their models as
         ``[base, sft?, champion?, candidate]``; their roles are read from that order, once, here."""
         self.__dict__.update(state)
+        self.__dict__.setdefault("forgetting_reference", None)
         if not self.__dict__.get("roles"):
             names = list(self.scores)
             self.roles = {"base": names[0], "candidate": names[-1]}
@@ -116,6 +119,7 @@ class EvalResult:
             "models": {name: s.to_json() for name, s in self.scores.items()},
             "comparisons": self.comparisons,
             "forgetting": self.forgetting,
+            "forgetting_vs_champion": self.forgetting_reference,
         }
 
 
@@ -154,6 +158,11 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
     counts = sample_correct.sum(axis=1).astype(int)
     general = None
     if settings.forgetting:
+        # The base model and registered versions are cached by fingerprint; a fresh adapter is always scored.
+        base_key = fingerprint(spec.base_model_dir)
+        model_key = base_key if spec.adapter_dir is None else None
+        if spec.adapter_dir is not None and spec.registered_version is not None:
+            model_key = fingerprint(spec.base_model_dir, spec.adapter_dir)
         general = general_ability(
             model,
             tokenizer,
@@ -161,6 +170,8 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
             settings.general_questions or DEFAULT_QUESTIONS,
             batch_size=settings.batch_size,
             precision=config.model.precision,
+            model_key=model_key,
+            base_key=None if spec.adapter_dir is None else base_key,
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     samples = [
@@ -222,12 +233,32 @@ def run_evaluate(
         raise ValueError(f"evaluation takes models by role {ROLES} (base and candidate required), got {sorted(models)}")
     rows = holdout_rows(config, holdout_path)
     scores = {role: score_model(config, models[role], rows) for role in ROLES if role in models}
-    return compare_roles(config, scores, stage_dir)
+    return compare_roles(config, scores, stage_dir, general_questions_trained_on(config, holdout_path))
 
 
-def compare_roles(config: PipelineConfig, by_role: Mapping[str, ModelScores], stage_dir: Path) -> EvalResult:
+def general_questions_trained_on(config: PipelineConfig, holdout_path: Path) -> set[str]:
+    """Ids of the general questions that occur in the training split (``train.jsonl`` beside the hold-out
+    file): the forgetting statistics leave them out, and the log says how many."""
+    from tasks.forgetting import load_questions
+
+    train_path = holdout_path.with_name("train.jsonl")
+    if not config.evaluation.forgetting or not train_path.is_file():
+        return set()
+    items = load_questions(config.evaluation.general_questions or DEFAULT_QUESTIONS)
+    ids = [str(item.get("id", index)) for index, item in enumerate(items)]
+    prompts = [prompt_text(row["prompt"]) for row in read_jsonl(train_path)]
+    overlap = overlapping_questions(ids, [item["question"] for item in items], prompts)
+    if overlap:
+        logger.warning("%d general questions occur in the training data; left out of forgetting", len(overlap))
+    return overlap
+
+
+def compare_roles(
+    config: PipelineConfig, by_role: Mapping[str, ModelScores], stage_dir: Path, trained_on: set[str] | None = None
+) -> EvalResult:
     """The evaluation result of scores keyed by role: paired differences of the candidate with every other
-    model, forgetting of the candidate against the base model, the table and the pass@k curve."""
+    model, forgetting of the candidate against the base model and the champion (leaving out the general
+    questions ``trained_on``), the table and the pass@k curve."""
     ordered = [role for role in ROLES if role in by_role]
     candidate, base = by_role["candidate"], by_role["base"]
     scores = {by_role[role].name: by_role[role] for role in ordered}
@@ -236,7 +267,15 @@ def compare_roles(config: PipelineConfig, by_role: Mapping[str, ModelScores], st
         for role in ordered
         if role != "candidate"
     }
-    drop = forgetting(base.general, candidate.general) if base.general and candidate.general else None
+    settings = config.evaluation
+    common = {"resamples": settings.bootstrap_resamples, "seed": config.seed, "exclude": trained_on}
+    drop = None
+    if base.general and candidate.general:
+        drop = forgetting(base.general, candidate.general, **common)
+    reference = by_role.get("reference")
+    drop_reference = None
+    if reference is not None and reference.general and candidate.general:
+        drop_reference = forgetting(reference.general, candidate.general, **common)
     stage_dir.mkdir(parents=True, exist_ok=True)
     result = EvalResult(
         scores,
@@ -245,6 +284,7 @@ def compare_roles(config: PipelineConfig, by_role: Mapping[str, ModelScores], st
         _curve(scores, stage_dir / "pass_at_k.png"),
         drop,
         {role: by_role[role].name for role in ordered},
+        drop_reference,
     )
     result.table_path.write_text(json.dumps(result.to_json(), indent=2))
     return result
@@ -279,11 +319,15 @@ def evaluate_task(
                     f"{name}_tokens_per_second": score.tokens_per_second,
                     f"{name}_general_qa_accuracy": score.general.qa_accuracy if score.general else None,
                     f"{name}_general_perplexity": score.general.perplexity if score.general else None,
+                    f"{name}_general_kl": score.general.to_json().get("kl") if score.general else None,
                     **{f"{name}_pass_at_{k}": v for k, v in score.pass_at_k.items()},
                 }
             )
-        if result.forgetting:
-            stage.log_metrics({f"forgetting_{k}": v for k, v in result.forgetting.items()})
+        for prefix, drop in (
+            ("forgetting", result.forgetting),
+            ("forgetting_vs_champion", result.forgetting_reference),
+        ):
+            stage.log_metrics(forgetting_metrics(prefix, drop or {}))
         for key, difference in result.comparisons.items():
             stage.log_metrics({f"{key}_gain": difference["mean"], f"{key}_gain_low": difference["low"]})
         stage.log_artifact(result.table_path, "evaluate")
@@ -304,6 +348,7 @@ def evaluation_table(result: EvalResult) -> list[dict[str, Any]]:
             "pass@1 95% CI": f"[{score.pass1_interval[0]:.3f}, {score.pass1_interval[1]:.3f}]",
             "general QA": round(score.general.qa_accuracy, 4) if score.general else None,
             "general ppl": round(score.general.perplexity, 3) if score.general else None,
+            "general KL": round(score.general.to_json().get("kl", 0.0), 5) if score.general else None,
         }
         for name, score in result.scores.items()
     ]

@@ -116,7 +116,7 @@ def sample_groups(
     precision: str = "fp32",
 ) -> list[list[int]]:
     """Completion token ids for TRL's generation batch, in which each prompt appears once per sample, in a row:
-    each run of equal prompts is prefilled once (``_shared_prefill``) and its samples decoded together. Every
+    each run of equal prompts is prefilled once (``shared_prefill``) and its samples decoded together. Every
     completion ends at its first EOS (kept), as TRL expects; the order is the input's."""
     groups: list[tuple[list[int], int]] = []
     for ids in prompt_ids:
@@ -228,7 +228,7 @@ def _sample_with_shared_prefill(
     input_ids, attention = input_ids.to(device), attention.to(device)
     if decodable(generation_config):
         return _decode(model, input_ids, attention, samples, pad_id, generation_config)
-    cache, _ = _shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
+    cache, _ = shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
         attention_mask=attention.repeat_interleave(samples, dim=0),
@@ -252,7 +252,7 @@ def _decode(
         "top_p": config.top_p,
         "min_p": config.min_p,
     }
-    cache, logits = _shared_prefill(model, input_ids, attention, samples)
+    cache, logits = shared_prefill(model, input_ids, attention, samples)
     attention = attention.repeat_interleave(samples, dim=0)
     positions = attention.sum(dim=-1, keepdim=True)
     done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
@@ -275,7 +275,7 @@ def _as_list(value: int | Sequence[int] | None) -> list[int]:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
-def _shared_prefill(
+def shared_prefill(
     model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int
 ) -> tuple[DynamicCache, torch.Tensor | None]:
     """Run the prompts once and copy the cache to each of their ``samples`` rows; returns it with the last

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.config import PipelineConfig
+from tasks.forgetting_stats import describe
 
 TEMPLATE = """---
 {{ card_data }}
@@ -64,13 +65,12 @@ def _table(evaluation: Any) -> str:
         f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] (n={d['n']} prompts)"
         for key, d in evaluation.comparisons.items()
     )
-    forgetting = evaluation.forgetting
-    forgot = (
-        f"\n\nForgetting against the base model: general QA {0.0 - 100 * forgetting['qa_accuracy_drop']:+.1f} points, "
-        f"general-text perplexity {100 * forgetting['perplexity_increase']:+.1f} %."
-        if forgetting
-        else ""
-    )
+    forgot = "".join(
+        f"\n\nForgetting against {against} (95 % CIs): {describe(drop)}."
+        for against, drop in (("the base model", evaluation.forgetting),
+                              ("the champion", getattr(evaluation, "forgetting_reference", None)))
+        if drop
+    )  # fmt: skip
     return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot
 
 
@@ -124,14 +124,17 @@ def version_card(
         )
     )
     probes_text = "\n".join(f"- {label}: {probe.verdict}" for label, probe in probes.items()) or "- (probe off)"
-    samples = "\n".join(
-        f"- {'✓' if sample['correct'] else '✗'} **{sample['prompt'][:200]}** → `{sample['completion'][:200]}`"
-        for sample in scores.samples
-    ) or "- (none recorded)"
+    samples = (
+        "\n".join(
+            f"- {'✓' if sample['correct'] else '✗'} **{sample['prompt'][:200]}** → `{sample['completion'][:200]}`"
+            for sample in scores.samples
+        )
+        or "- (none recorded)"
+    )
     loading = (
-        f"```python\nimport mlflow\nmodel = mlflow.pyfunc.load_model(\"models:/{name}@champion\")  # or /VERSION\n"
-        f"model.predict([\"{_example_prompt(scores)}\"], params={{\"max_new_tokens\": 64}})\n```\n\n"
-        f"```bash\ngrpoflow generate --model models:/{name}@champion \"{_example_prompt(scores)}\"\n"
+        f'```python\nimport mlflow\nmodel = mlflow.pyfunc.load_model("models:/{name}@champion")  # or /VERSION\n'
+        f'model.predict(["{_example_prompt(scores)}"], params={{"max_new_tokens": 64}})\n```\n\n'
+        f'```bash\ngrpoflow generate --model models:/{name}@champion "{_example_prompt(scores)}"\n'
         f"mlflow models serve -m models:/{name}@champion --env-manager local -h 127.0.0.1 -p 5001\n```\n\n"
         "With transformers and PEFT: the adapter files are in the version's `artifacts/adapter/`; load "
         f"the base (`{config.model.source}`, resolved by `tasks.sources.resolve_model_source`) and "

@@ -24,6 +24,7 @@ from tasks.champions import apply_promotion
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.events import emit_pipeline_event
+from tasks.forgetting_stats import forgetting_metrics, forgetting_problem
 from tasks.locks import promotion_lock
 from tasks.model_card import short_description
 from tasks.registry import RegistryError, register_adapter
@@ -50,13 +51,14 @@ class PromotionResult:
 class PromotionCase:
     """The promotion decision's one input: the candidate, what it is compared with (the champion it was
     evaluated against, else the base model), their paired pass@1 difference, forgetting against the base
-    model, and the registry version the reference is (None when it is the base model)."""
+    model and against the champion, and the registry version the reference is (None when it is the base model)."""
 
     candidate: ModelScores
     reference: ModelScores
     difference: dict[str, float]
-    forgetting: dict[str, float] | None = None
+    forgetting: dict[str, Any] | None = None
     champion_version: str | None = None
+    forgetting_vs_champion: dict[str, Any] | None = None
 
     @classmethod
     def from_evaluation(cls, evaluation: EvalResult) -> PromotionCase:
@@ -68,12 +70,14 @@ class PromotionCase:
             difference=evaluation.comparison(role),
             forgetting=evaluation.forgetting,
             champion_version=reference.registered_version if role == "reference" else None,
+            forgetting_vs_champion=getattr(evaluation, "forgetting_reference", None),
         )
 
 
 def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[bool, str]:
     """The gate (pure): the paired interval's lower end must clear the margin, pass@k must not drop, and
-    general ability (``forgetting``, measured against the base model) must stay within its tolerances.
+    general ability must stay within its tolerances against the base model and the champion (by default a
+    drop rejects when the lower end of its 95 % interval exceeds the tolerance: ``forgetting_problem``).
 
     >>> a = ModelScores("grpo", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
     >>> b = ModelScores("base", 4, 4, 0.1, {1: 0.1}, (0.0, 0.2), [], [])
@@ -96,17 +100,10 @@ def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[
                 f"pass@{k} {value:.3f} is below {name}'s {reference.pass_at_k[k]:.3f} by more than "
                 f"{settings.pass_at_k_tolerance:.3f}"
             )
-    if forgetting is not None:
-        if forgetting["qa_accuracy_drop"] > settings.max_qa_accuracy_drop:
-            return False, (
-                f"forgetting: general QA accuracy fell {forgetting['qa_accuracy_drop']:.1%} from the base model "
-                f"(tolerance {settings.max_qa_accuracy_drop:.1%})"
-            )
-        if forgetting["perplexity_increase"] > settings.max_perplexity_increase:
-            return False, (
-                f"forgetting: general-text perplexity rose {forgetting['perplexity_increase']:.1%} over the base "
-                f"model (tolerance {settings.max_perplexity_increase:.1%})"
-            )
+    for against, drop in (("the base model", forgetting), ("the champion", case.forgetting_vs_champion)):
+        problem = forgetting_problem(drop, settings, against)
+        if problem:
+            return False, problem
     return True, (
         f"pass@1 gain over {name} {difference['mean']:+.3f}, paired 95% CI "
         f"[{difference['low']:+.3f}, {difference['high']:+.3f}] (n={difference['n']} prompts)"
@@ -187,7 +184,7 @@ def run_promote(
         **{f"pass_at_{k}": v for k, v in candidate.pass_at_k.items()},
         f"gain_vs_{reference.name}": difference["mean"],
         f"gain_vs_{reference.name}_low": difference["low"],
-        **{f"forgetting_{k}": v for k, v in (case.forgetting or {}).items()},
+        **forgetting_metrics("forgetting", case.forgetting or {}),
     }
     stage.log_metrics({k: v for k, v in metrics.items() if v is not None})
     stage.set_tags({"promoted": outcome.promoted, "promotion_reason": outcome.reason, "registered_version": version})

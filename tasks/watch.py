@@ -21,7 +21,7 @@ from typing import Any
 from tasks.champions import champion_stack, default_actor, reconcile, rollback_champion
 from tasks.config import PipelineConfig, PromotionSettings, WatchSettings
 from tasks.errors import UserError
-from tasks.forgetting import forgetting
+from tasks.forgetting_stats import forgetting, forgetting_problem
 from tasks.registry import CHALLENGER, CHAMPION, alias_version_number, client_for, registered_model
 
 PIN_TAG = "grpoflow.champion.pinned"
@@ -78,16 +78,8 @@ class WatchDecision:
     notes: list[str] = field(default_factory=list)
 
 
-def _forgets(drop: dict[str, float] | None, settings: PromotionSettings) -> str | None:
-    if not drop:
-        return None
-    if drop["qa_accuracy_drop"] > settings.max_qa_accuracy_drop:
-        tolerance = settings.max_qa_accuracy_drop
-        return f"general QA accuracy {drop['qa_accuracy_drop']:.1%} below base (tolerance {tolerance:.1%})"
-    if drop["perplexity_increase"] > settings.max_perplexity_increase:
-        return (f"general-text perplexity {drop['perplexity_increase']:.1%} above base "
-                f"(tolerance {settings.max_perplexity_increase:.1%})")  # fmt: skip
-    return None
+def _forgets(drop: dict[str, Any] | None, settings: PromotionSettings) -> str | None:
+    return forgetting_problem(drop, settings, "the base model")
 
 
 def decide_watch(
@@ -127,7 +119,7 @@ def decide_watch(
         target = previous
     forgets = _forgets(scores.forgetting.get("champion"), settings)
     if forgets:
-        problems.append(f"v{champion} forgets: {forgets}")
+        problems.append(f"v{champion} forgets — {forgets}")
         if previous and not _forgets(scores.forgetting.get("previous"), settings):
             target = target or previous
     notes = []
@@ -256,9 +248,19 @@ def watch_scores(config: PipelineConfig, by_role: dict[str, Any]) -> WatchScores
     differences = {f"{role}-vs-champion": compare(config, by_role[role], champion)
                    for role in ("previous", "challenger") if role in by_role}  # fmt: skip
     base = by_role.get("base")
-    drops = {role: forgetting(base.general, score.general) for role, score in by_role.items()
+    drops = {role: forgetting(base.general, score.general, config.evaluation.bootstrap_resamples, config.seed)
+             for role, score in by_role.items()
              if role != "base" and base is not None and base.general and score.general}  # fmt: skip
     return WatchScores(dict(by_role), differences, drops)
+
+
+def _with_interval(drop: dict[str, Any] | None, point: str, interval: str) -> str:
+    if drop is None:
+        return "-"
+    if interval not in drop:
+        return f"{drop[point]:+.1%}"
+    low, high = drop[interval]
+    return f"{drop[point]:+.1%} [{low:+.1%}, {high:+.1%}]"
 
 
 def watch_table(scores: WatchScores, versions: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -276,8 +278,8 @@ def watch_table(scores: WatchScores, versions: Mapping[str, str]) -> list[dict[s
             "pass@1": f"{score.pass_at_k.get(1, float('nan')):.1%}",
             "vs champion (95% CI)": "-" if difference is None else
             f"{difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}]",
-            "QA drop vs base": "-" if drop is None else f"{drop['qa_accuracy_drop']:+.1%}",
-            "ppl rise vs base": "-" if drop is None else f"{drop['perplexity_increase']:+.1%}",
+            "QA drop vs base": _with_interval(drop, "qa_accuracy_drop", "qa_drop_interval"),
+            "ppl rise vs base": _with_interval(drop, "perplexity_increase", "perplexity_interval"),
         })  # fmt: skip
     return rows
 
@@ -320,7 +322,8 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
     for role, version in versions.items():
         base_source, adapter, _ = fetch_adapter(uri, f"models:/{name}/{version}", work_dir / f"v{version}")
         specs[role] = ModelSpec(f"v{version}", resolve_model_source(base_source), adapter, version)
-    specs["base"] = ModelSpec("base", resolve_model_source(base_source or config.model.source))
+    base = ModelSpec("base", resolve_model_source(base_source or config.model.source))
+    specs = {"base": base, **specs}  # scored first: the others' KL is measured against its log-probabilities
     scores = watch_scores(config, score(config, data.holdout_path, specs))
     pin = pinned_version(client, name)
     since = _hours_since(moves[-1].at) if moves else None

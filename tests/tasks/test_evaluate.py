@@ -21,8 +21,10 @@ def test_table_holds_every_model_and_k(tiny_config, tiny_split, tiny_model_dir, 
         assert row["samples"] == tiny_config.evaluation.n_samples
     assert "grpo-vs-base" in result.comparisons and result.comparisons["grpo-vs-base"]["n"] == table[0]["prompts"]
     assert result.curve_path.stat().st_size > 0 and result.table_path.is_file()
-    # The same model on both sides: no forgetting at all.
-    assert result.forgetting == {"qa_accuracy_drop": 0.0, "perplexity_increase": 0.0}
+    # The same model on both sides: no forgetting at all, and intervals of exactly zero.
+    drop = result.forgetting
+    assert drop["qa_accuracy_drop"] == drop["perplexity_increase"] == 0.0
+    assert drop["qa_drop_interval"] == drop["perplexity_interval"] == [0.0, 0.0]
 
 
 def test_same_seed_same_numbers(tiny_config, tiny_split, tiny_model_dir) -> None:
@@ -46,12 +48,10 @@ def test_forgetting_probe_sees_a_damaged_model(tiny_model_dir) -> None:
                 parameter.mul_(25.0)  # sharpen the random logits: text it saw before becomes much less likely
     before = general_ability(healthy, tokenizer)
     after = general_ability(damaged, tokenizer)
-    assert before.corpus_tokens > 1000 and before.qa_questions == 40
+    assert before.corpus_tokens > 1000 and before.qa_questions >= 400
     assert forgetting(before, after)["perplexity_increase"] > 0.5
-    assert forgetting(before, general_ability(healthy, tokenizer)) == {
-        "qa_accuracy_drop": 0.0,
-        "perplexity_increase": 0.0,
-    }
+    same = forgetting(before, general_ability(healthy, tokenizer))
+    assert same["qa_accuracy_drop"] == same["perplexity_increase"] == 0.0
 
 
 def test_roles_not_positions_decide_what_promotion_compares(tiny_config, make_scores, tmp_path) -> None:

@@ -43,7 +43,9 @@ def test_watch_rolls_a_forced_weaker_champion_back_with_the_reason(forced_weaker
     config, client, name = forced_weaker
     report = run_watch(_with(config, action="rollback"), name, tmp_path / "w")
     assert report.moved and alias_version_number(client, name, CHAMPION) == "1"
-    assert report.decision.event == "rolled-back" and "v2 forgets: general-text perplexity" in report.decision.reason
+    reason = report.decision.reason
+    assert report.decision.event == "rolled-back" and "v2 forgets — forgetting against the base model" in reason
+    assert "general-text perplexity rose" in reason and "(95% CI [" in reason
     last = champion_moves(client, name)[-1]
     assert (last.version, last.kind, last.by) == ("1", "watch", "grpoflow watch") and "forgets" in last.why
     assert "forgets" in client.get_model_version(name, "2").tags["grpoflow.watch_regressed"]
