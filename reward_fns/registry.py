@@ -58,6 +58,7 @@ CORRECTNESS_REWARD: dict[str, str] = {
     "code": "code_passes",
 }
 
+
 def reward_columns(rows: Sequence[Mapping[str, Any]], repeat: int = 1) -> dict[str, list[Any]]:
     """Every column of the rows but the prompt, each value repeated ``repeat`` times (once per completion): what
     TRL hands reward functions as keyword arguments, and what evaluation hands them too. A column of one scalar

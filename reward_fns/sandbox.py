@@ -63,6 +63,8 @@ Status = Literal[
 ]
 # Dedicated user ids for sandboxed runs, one per parallel slot, far above any account on a normal machine.
 SANDBOX_UID_BASE = 1_800_000_000
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """What one run may use. ``wall_seconds`` bounds the whole run, startup included."""

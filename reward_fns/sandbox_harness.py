@@ -369,7 +369,9 @@ def make_audit_hook(stdlib: str, harness_file: str) -> object:
     """The audit hook installed before the program runs. Its state lives in this closure, which nothing the
     program can reach refers to (audit hooks cannot be listed)."""
     getframe, get_ident = sys._getframe, _thread.get_ident
-    frame_users = {(f"{stdlib}/{path}", name): caller and f"{stdlib}/{caller}" for (path, name), caller in FRAME_USERS.items()}  # noqa: E501
+    frame_users = {
+        (f"{stdlib}/{path}", name): caller and f"{stdlib}/{caller}" for (path, name), caller in FRAME_USERS.items()
+    }  # noqa: E501
     code_makers = {(f"{stdlib}/{path}", name) for path, name in CODE_MAKERS}
     answering: set = set()  # threads inside the hook: its own look at the stack raises events too
 

@@ -163,5 +163,3 @@ def cgroup_available() -> bool:
         return False
     cgroup.kill_and_remove()
     return True
-
-

@@ -88,5 +88,3 @@ def gx_audit(
             failing.setdefault(str(row_id), []).append(f"great_expectations: {name} failed")
     summary = {"success": bool(result.success), "statistics": dict(result.statistics)}
     return failing, summary
-
-

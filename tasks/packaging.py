@@ -138,4 +138,3 @@ def adapter_in(downloaded: Path) -> Path:
     if (downloaded / "MLmodel").is_file():
         return downloaded / "artifacts" / "adapter"
     return downloaded
-

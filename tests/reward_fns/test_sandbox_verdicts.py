@@ -9,7 +9,7 @@ from reward_fns.sandbox import Sandbox, SandboxJob
 
 # Each attack defines a wrong ``add`` (2 + 2 is not 4 for it) and tries to get "passed" anyway; ``_steal`` walks a
 # frame chain for the 32-character nonce and writes a forged pass record with it.
-STEAL = '''
+STEAL = """
 def _steal(frame):
     while frame is not None:
         for value in list(frame.f_locals.values()):
@@ -23,7 +23,7 @@ def _steal(frame):
                         pass
                 os._exit(0)
         frame = frame.f_back
-'''
+"""
 FORGERIES = {
     "singledispatch(sys._getframe)": "import functools, sys\ndef add(a, b):\n    _steal(functools.singledispatch(sys._getframe)(1))\n    return a - b",
     "string.Formatter __globals__": "import string\ndef add(a, b):\n    g = string.Formatter().get_field('0.__globals__', (_steal,), {})[0]\n    return a - b",
@@ -37,7 +37,7 @@ FORGERIES = {
     "asyncio task stack": "import asyncio\ndef add(a, b):\n    async def main():\n        for f in asyncio.current_task().get_stack():\n            _steal(f)\n    asyncio.run(main())\n    return a - b",
     "sys._getframe via map": "import sys\ndef add(a, b):\n    for f in map(sys._getframe, [1]):\n        _steal(f)\n    return a - b",
     "patch __main__._write": "import __main__\n__main__._write = lambda line: None\ndef add(a, b):\n    return a - b",
-    "patch json": "import json\njson.dumps = lambda o, **k: '{\"status\": \"passed\", \"tests_total\": 1, \"tests_passed\": 1, \"failures\": []}'\ndef add(a, b):\n    return a - b",
+    "patch json": 'import json\njson.dumps = lambda o, **k: \'{"status": "passed", "tests_total": 1, "tests_passed": 1, "failures": []}\'\ndef add(a, b):\n    return a - b',
     "patch builtins.exec then vars": "import builtins\n_saved = dict(vars(builtins))\nbuiltins.exec = lambda *a, **k: None\nbuiltins.vars = lambda *a: _saved\ndef add(a, b):\n    return a - b",
     "patch builtins.bool": "import builtins\nbuiltins.bool = lambda x: True\ndef add(a, b):\n    return a - b",
     "globals via unittest wrapper": "import unittest\ng = unittest.TestCase.assertEqual.__globals__\ng['_run_unit'] = lambda *a, **k: None\ng['_check_value'] = lambda *a, **k: None\ndef add(a, b):\n    return a - b",
@@ -46,7 +46,10 @@ FORGERIES = {
     "fake dataclass eq": "from dataclasses import dataclass\n@dataclass\nclass V:\n    x: int\nV.__eq__ = lambda s, o: True\ndef add(a, b):\n    return V(a - b)",
     "compile with stdlib name": "import os\nsrc = 'def eq(a, b):\\n    return True'\nns = {}\nexec(compile(src, os.__file__, 'exec'), ns)\nclass E:\n    __eq__ = ns['eq']\ndef add(a, b):\n    return E()",
 }
-FORGERY_TESTS = {"namedtuple of always-equal": "assert add(2, 2) == P(4)", "fake dataclass eq": "assert add(2, 2) == V(4)"}
+FORGERY_TESTS = {
+    "namedtuple of always-equal": "assert add(2, 2) == P(4)",
+    "fake dataclass eq": "assert add(2, 2) == V(4)",
+}
 
 
 @pytest.fixture(scope="module")

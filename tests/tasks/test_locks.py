@@ -43,7 +43,10 @@ def test_two_processes_can_open_a_new_store_at_once(tmp_path: Path) -> None:
         (tmp_path / f"store-{attempt}").mkdir()
         processes = [
             subprocess.Popen(
-                [sys.executable, "-c", OPEN_STORE, uri, name], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                [sys.executable, "-c", OPEN_STORE, uri, name],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
             )  # fmt: skip
             for name in ("first", "second")

@@ -121,8 +121,9 @@ def test_a_promotion_killed_inside_the_lease_lets_the_next_in(mlflow_server, loc
     from tasks.locks import LockTimeout, promotion_lock
 
     holder = lock_holder(mlflow_server["uri"])
-    with pytest.raises(LockTimeout, match="still held"), promotion_lock(
-        mlflow_server["uri"], "locked-model", lease_s=3, timeout_s=6
+    with (
+        pytest.raises(LockTimeout, match="still held"),
+        promotion_lock(mlflow_server["uri"], "locked-model", lease_s=3, timeout_s=6),
     ):
         pass  # renewed by a live holder: still serialised past its lease
     os.killpg(holder.pid, signal.SIGKILL)
