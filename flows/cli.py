@@ -361,7 +361,8 @@ def _print_table(title: str, rows: list[dict[str, str]]) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
-    console.print(table)
+    # Piped output has no width to fit: keep each cell whole (a terminal still gets a table that fits it).
+    (console if console.is_terminal else Console(width=200)).print(table)
 
 
 @app.command()

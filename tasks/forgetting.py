@@ -2,7 +2,7 @@
 multiple-choice set (scored by answer likelihood: no generation), per-document log-likelihood of a general
 text, and — against the base model — the per-token KL(base ‖ model) over that text, from the base's top-k
 log-probabilities computed once and cached. The base's and a registered version's results are cached by model
-and set fingerprint. The sets ship with grpoflow (``tasks/data``, built by ``tasks/data/build_general_sets.py``)
+and set fingerprint. The sets ship with grpoflow (``tasks/data``, built by ``tasks/build_general_sets.py``)
 or come from the config (``evaluation.general_corpus``/``general_questions``). Statistics:
 ``tasks/forgetting_stats.py``.
 Must not import: Prefect, MLflow, the stages."""

@@ -62,7 +62,8 @@ class MlflowTrainerCallback(TrainerCallback):
         )
         shown = [f"{key} {numbers[key]:.4g}" for key in PROGRESS_KEYS if isinstance(numbers.get(key), int | float)]
         if shown:  # the run log (Prefect UI) shows training as it goes
-            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, state.max_steps, ", ".join(shown))
+            total = getattr(state, "max_steps", 0)  # a replayed history's state carries the step only
+            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, total, ", ".join(shown))
 
 
 # What a person watching the run log wants of each logged step (the rest is in MLflow).

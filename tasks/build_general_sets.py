@@ -1,4 +1,4 @@
-"""Builds the general sets of the forgetting check, offline and deterministically:
+"""Builds the general sets of the forgetting check (``tasks/data``), offline and deterministically:
 
 - ``general_qa.jsonl``: multiple-choice questions, ``{id, category, question, choices, answers, source}``, scored by
   answer likelihood (the choice the model finds likeliest). Categories: arithmetic in words, number comparison,
@@ -10,7 +10,7 @@
 
 Every item is generated here or was written for grpoflow, so the sets carry grpoflow's licence. They measure
 drift on simple English and everyday facts — what a small model fine-tuned on a narrow task tends to lose — not
-broad knowledge. Run ``python tasks/data/build_general_sets.py`` to rebuild (the output is committed).
+broad knowledge. Run ``python tasks/build_general_sets.py`` to rebuild (the output is committed).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import random
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "data"
 SEED = 20261201
 
 UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
@@ -68,8 +68,11 @@ PLURALS = [("mouse", "mice"), ("child", "children"), ("foot", "feet"), ("tooth",
 
 
 def words(n: int) -> str:
-    """>>> words(47), words(13), words(80)
-    ('forty-seven', 'thirteen', 'eighty')"""
+    """Numbers as English words, up to 99.
+
+    >>> words(47), words(13), words(80)
+    ('forty-seven', 'thirteen', 'eighty')
+    """
     if n < 20:
         return UNITS[n]
     tens, units = divmod(n, 10)
