@@ -18,34 +18,26 @@ from tasks.runs import SKIPPED_TAG, Tracker, close_open_runs
 logger = logging.getLogger(__name__)
 
 
-def emit_pipeline_event(event: str, run_id: str, payload: dict[str, Any]) -> None:
-    """A Prefect event about a pipeline run (``grpoflow.run.<event>``) for automations to notify on; a failure
-    to emit is logged, never raised."""
+def _emit(event: str, resource_id: str, name: str, payload: dict[str, Any]) -> None:
+    """A Prefect event for automations to notify on; a failure to emit is logged, never raised."""
     try:
         from prefect.events import emit_event
 
-        emit_event(
-            event=f"grpoflow.run.{event}",
-            resource={"prefect.resource.id": f"grpoflow.run.{run_id}", "prefect.resource.name": run_id},
-            payload=payload,
-        )
+        emit_event(event=event, resource={"prefect.resource.id": resource_id, "prefect.resource.name": name},
+                   payload=payload)  # fmt: skip
     except Exception as exc:
-        logger.warning("could not emit Prefect event grpoflow.run.%s: %s", event, exc)
+        logger.warning("could not emit Prefect event %s: %s", event, exc)
+
+
+def emit_pipeline_event(event: str, run_id: str, payload: dict[str, Any]) -> None:
+    """A Prefect event about a pipeline run: ``grpoflow.run.<event>``."""
+    _emit(f"grpoflow.run.{event}", f"grpoflow.run.{run_id}", run_id, payload)
 
 
 def emit_champion_event(event: str, model_name: str, payload: dict[str, Any]) -> None:
-    """A Prefect event about a registered model's champion (``grpoflow.champion.<event>``: ``regressed``,
-    ``rolled-back``), for automations to notify on; a failure to emit is logged, never raised."""
-    try:
-        from prefect.events import emit_event
-
-        emit_event(
-            event=f"grpoflow.champion.{event}",
-            resource={"prefect.resource.id": f"grpoflow.model.{model_name}", "prefect.resource.name": model_name},
-            payload=payload,
-        )
-    except Exception as exc:
-        logger.warning("could not emit Prefect event grpoflow.champion.%s: %s", event, exc)
+    """A Prefect event about a registered model's champion: ``grpoflow.champion.<event>`` (``regressed``,
+    ``rolled-back``)."""
+    _emit(f"grpoflow.champion.{event}", f"grpoflow.model.{model_name}", model_name, payload)
 
 
 def announce_skipped(tracker: Tracker, previous_run: str) -> str:
