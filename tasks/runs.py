@@ -201,6 +201,22 @@ def _nearly_full(folder: Path, below_mb: float = 16) -> bool:
         return False
 
 
+def experiment_for(config: Any, client: Any) -> str:
+    """The id of the configured experiment, created on first use: a local store keeps its artifacts beside it
+    (a tracking server chooses and serves its own location), and the experiment is marked as holding training
+    runs (MLflow 3's UI opens it on its GenAI overview otherwise)."""
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    if experiment is None:
+        local = not config.resolved_tracking_uri().startswith(("http://", "https://", "databricks"))
+        artifacts = (config.output_dir.resolve() / "mlartifacts").as_uri() if local else None
+        experiment_id = client.create_experiment(config.tracking.experiment_name, artifact_location=artifacts)
+    else:
+        experiment_id = experiment.experiment_id
+    if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, "custom_model_development")
+    return experiment_id
+
+
 def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
     """Create (or reuse) the experiment and open the pipeline's parent run, tagged with the run id."""
     run_id = layout.run_id
@@ -210,17 +226,7 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(config.tracking.http_timeout_s))
     try:
         client = client_for(config.resolved_tracking_uri())
-        experiment = client.get_experiment_by_name(config.tracking.experiment_name)
-        if experiment is None:
-            # A local store keeps artifacts beside it; a tracking server chooses (and serves) its own location.
-            local = not config.resolved_tracking_uri().startswith(("http://", "https://", "databricks"))
-            artifacts = (config.output_dir.resolve() / "mlartifacts").as_uri() if local else None
-            experiment_id = client.create_experiment(config.tracking.experiment_name, artifact_location=artifacts)
-        else:
-            experiment_id = experiment.experiment_id
-        if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
-            # MLflow 3's UI opens an experiment on its GenAI overview unless told it holds training runs.
-            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, "custom_model_development")
+        experiment_id = experiment_for(config, client)
         earlier = close_interrupted_runs(client, experiment_id, run_id)
         if earlier:
             logger.warning("closed the MLflow runs an earlier attempt at %s left RUNNING (marked FAILED)", run_id)

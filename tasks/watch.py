@@ -352,12 +352,10 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
 def record_watch_run(config: PipelineConfig, report: WatchReport, work_dir: Path) -> str:
     """An MLflow run ``watch-<name>`` with the table, the decision and the scores; returns its id."""
     from tasks.layout import write_atomically
+    from tasks.runs import experiment_for
 
     client = client_for(config.resolved_tracking_uri())
-    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
-    experiment_id = (
-        experiment.experiment_id if experiment else client.create_experiment(config.tracking.experiment_name)
-    )
+    experiment_id = experiment_for(config, client)
     decision = report.decision
     tags = {"grpoflow.stage": "watch", "grpoflow.watch.model": report.name,
             "grpoflow.watch.status": "skipped" if report.skipped else decision.status,
