@@ -72,6 +72,13 @@ def _store(config: PipelineConfig, tracking_uri: str | None = None) -> str:
     return uri
 
 
+def _registry(config: Path | None, set_: list[str] | None, tracking_uri: str | None) -> Any:
+    """The MLflow client of a registry command's store (printed), from --config/--set or --tracking-uri."""
+    from tasks.registry import client_for
+
+    return client_for(_store(_config(None, set_, config), tracking_uri))
+
+
 def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "alembic", "mlflow.store", "great_expectations"):
@@ -262,11 +269,11 @@ def rollback(
 ) -> None:
     """Move champion back to the champion before it (or to --to VERSION); a plain rollback undoes the last move."""
     from flows.rollback import rollback_flow
-    from tasks.registry import client_for, registered_model
+    from tasks.registry import registered_model
 
-    uri = _store(_config(None, set_, config), tracking_uri)
-    registered_model(client_for(uri), name)  # a missing model is named before any flow or lock starts
-    version = rollback_flow(uri, name, to, reason)
+    client = _registry(config, set_, tracking_uri)
+    registered_model(client, name)  # a missing model is named before any flow or lock starts
+    version = rollback_flow(client.tracking_uri, name, to, reason)
     console.print(f"{name}@champion → version {version}")
 
 
@@ -276,10 +283,8 @@ def versions(
 ) -> None:
     """Every version of a registered model with its aliases and headline metrics, newest first."""
     from tasks.champions import version_rows
-    from tasks.registry import client_for
 
-    uri = _store(_config(None, set_, config), tracking_uri)
-    rows = version_rows(client_for(uri), name)
+    rows = version_rows(_registry(config, set_, tracking_uri), name)
     _print_table(f"{name}: {len(rows)} versions", rows)
 
 
@@ -289,10 +294,8 @@ def history(
 ) -> None:
     """The champion's moves, oldest first: version, when, why, by which run or command."""
     from tasks.champions import reconcile
-    from tasks.registry import client_for
 
-    uri = _store(_config(None, set_, config), tracking_uri)
-    moves, current = reconcile(client_for(uri), name)
+    moves, current = reconcile(_registry(config, set_, tracking_uri), name)
     rows = [{"#": str(m.seq), "version": m.version, "move": m.kind, "when": m.at or "-", "why": m.why, "by": m.by}
             for m in moves]  # fmt: skip
     _print_table(f"{name}@champion history (now: {'v' + current if current else 'none'})", rows)
@@ -334,11 +337,9 @@ def pin(
     set_: SetOption = None,
 ) -> None:
     """Pin a version: the champion watch reports on a pinned champion but never reverts it."""
-    from tasks.registry import client_for
     from tasks.watch import pin_champion
 
-    uri = _store(_config(None, set_, config), tracking_uri)
-    pin_champion(client_for(uri), name, version, reason)
+    pin_champion(_registry(config, set_, tracking_uri), name, version, reason)
     console.print(f"{name} v{version} pinned: {reason}")
 
 
@@ -347,11 +348,9 @@ def unpin(
     name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
 ) -> None:
     """Remove the pin: the champion watch may revert the champion again."""
-    from tasks.registry import client_for
     from tasks.watch import unpin_champion
 
-    uri = _store(_config(None, set_, config), tracking_uri)
-    unpin_champion(client_for(uri), name)
+    unpin_champion(_registry(config, set_, tracking_uri), name)
     console.print(f"{name}: no pin")
 
 

@@ -87,7 +87,8 @@ def champion_stack(moves: list[ChampionMove]) -> list[str]:
     return stack
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """When a move or pin happened, as the history records it."""
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
@@ -97,7 +98,7 @@ def default_actor() -> str:
 
 
 def _record(client: Any, name: str, moves: list[ChampionMove], version: str, kind: MoveKind, why: str, by: str) -> None:
-    move = ChampionMove((moves[-1].seq if moves else 0) + 1, version, kind, _now(), why, by)
+    move = ChampionMove((moves[-1].seq if moves else 0) + 1, version, kind, timestamp(), why, by)
     client.set_registered_model_tag(name, *move.to_tag())
     moves.append(move)
 
@@ -128,7 +129,7 @@ def move_champion(client: Any, name: str, version: str, reason: str, by: str = "
     moves, _ = reconcile(client, name)
     _set_champion(client, name, version)
     _record(client, name, moves, version, "promote", reason, by or default_actor())
-    client.set_model_version_tag(name, version, "grpoflow.promoted_at", _now())
+    client.set_model_version_tag(name, version, "grpoflow.promoted_at", timestamp())
     client.set_model_version_tag(name, version, "grpoflow.promotion_reason", reason[:_MAX_REASON])
 
 
@@ -202,7 +203,7 @@ def rollback_champion(
         return target
     _set_champion(client, name, target)
     _record(client, name, moves, target, kind, reason, by or default_actor())
-    stamp = _now()
+    stamp = timestamp()
     client.set_model_version_tag(name, target, "grpoflow.rolled_back_to_at", stamp)
     client.set_model_version_tag(name, target, "grpoflow.rollback_reason", reason[:_MAX_REASON])
     if current is not None:

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.champions import champion_stack, default_actor, reconcile, rollback_champion
+from tasks.champions import champion_stack, default_actor, reconcile, rollback_champion, timestamp
 from tasks.config import PipelineConfig, PromotionSettings, WatchSettings
 from tasks.errors import UserError
 from tasks.forgetting_stats import forgetting, forgetting_problem
-from tasks.registry import CHALLENGER, CHAMPION, alias_version_number, client_for, registered_model
+from tasks.registry import CHALLENGER, CHAMPION, ModelNotFound, alias_version_number, client_for, registered_model
 
 PIN_TAG = "grpoflow.champion.pinned"
 LAST_WATCH_TAG = "grpoflow.watch.last"
@@ -37,14 +37,16 @@ class WatchRefused(UserError, ValueError):
 
 def pin_champion(client: Any, name: str, version: str, reason: str, by: str = "") -> None:
     """Pin ``version`` (the watch reports on a pinned champion but never reverts it)."""
-    client.get_model_version(name, version)
-    body = {"version": str(version), "reason": reason[:1000], "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "by": by or default_actor()}  # fmt: skip
+    registered_model(client, name)
+    try:
+        client.get_model_version(name, version)
+    except Exception as exc:
+        raise ModelNotFound(f"{name} has no version {version} at {client.tracking_uri}") from exc
+    body = {"version": str(version), "reason": reason[:1000], "at": timestamp(), "by": by or default_actor()}
     client.set_registered_model_tag(name, PIN_TAG, json.dumps(body))
 
 
 def unpin_champion(client: Any, name: str) -> None:
-    registered_model(client, name)
     if PIN_TAG in registered_model(client, name).tags:
         client.delete_registered_model_tag(name, PIN_TAG)
 
@@ -341,7 +343,7 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
                                   kind="watch")  # fmt: skip
                 client.set_model_version_tag(name, champion, "grpoflow.watch_regressed", decision.reason[:1000])
                 report.moved = True
-    record = {**key, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "status": decision.status,
+    record = {**key, "at": timestamp(), "status": decision.status,
               "moved_to": decision.move_to}  # fmt: skip
     if report.moved:
         record["champion"] = decision.move_to  # the next watch judges the champion it restored
