@@ -22,7 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
-from tasks.forgetting import DEFAULT_CORPUS, DEFAULT_QUESTIONS, GeneralAbility, fingerprint, general_ability
+from tasks.forgetting import (
+    DEFAULT_CORPUS,
+    DEFAULT_QUESTIONS,
+    GeneralAbility,
+    fingerprint,
+    general_ability,
+    load_questions,
+)
 from tasks.forgetting_stats import forgetting, forgetting_metrics, overlapping_questions
 from tasks.generation import GenerationStats, generate_completions
 from tasks.models import load_policy, load_tokenizer
@@ -239,8 +246,6 @@ def run_evaluate(
 def general_questions_trained_on(config: PipelineConfig, holdout_path: Path) -> set[str]:
     """Ids of the general questions that occur in the training split (``train.jsonl`` beside the hold-out
     file): the forgetting statistics leave them out, and the log says how many."""
-    from tasks.forgetting import load_questions
-
     train_path = holdout_path.with_name("train.jsonl")
     if not config.evaluation.forgetting or not train_path.is_file():
         return set()

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from tasks.data import render_prompt
-from tasks.forgetting_stats import forgetting  # noqa: F401  (re-exported: the stages' one import)
 from tasks.generation import generate_completions
 from tasks.precision import compute_autocast
 from tasks.speedups.packing import packed_for_inference
@@ -82,8 +81,8 @@ def _batches(items: list[Any], size: int) -> Any:
         yield items[start : start + size]
 
 
-def _forward(model: Any, sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of every next token (right-padded batch) and the padding mask."""
+def _forward(model: Any, sequences: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Log-probabilities of every next token of a right-padded batch (rows past a sequence's end are padding)."""
     device = next(model.parameters()).device
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -92,7 +91,7 @@ def _forward(model: Any, sequences: list[list[int]], pad_id: int) -> tuple[torch
         ids[row, : len(sequence)] = torch.tensor(sequence)
         mask[row, : len(sequence)] = 1
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-    return torch.log_softmax(logits[:, :-1], dim=-1), mask[:, 1:].to(device)
+    return torch.log_softmax(logits[:, :-1], dim=-1)
 
 
 def choice_logprobs(
@@ -198,7 +197,7 @@ def corpus_scores(
     nll, tokens, kls = [], [], []
     kept = TopK([], [])
     for start, batch in zip(range(0, len(encoded), batch_size), _batches(encoded, batch_size), strict=True):
-        logprobs, mask = _forward(model, batch, pad)
+        logprobs = _forward(model, batch, pad)
         for row, ids in enumerate(batch):
             length = len(ids) - 1
             if length < 1:
@@ -301,7 +300,7 @@ def general_ability(
         doc_tokens=tokens,
         doc_kl=kls,
     )
-    if key and cached is not None:
+    if cached is not None:
         from tasks.layout import write_atomically
 
         cached.parent.mkdir(parents=True, exist_ok=True)
