@@ -99,17 +99,11 @@ def questions(rng: random.Random) -> list[dict]:
             continue
         seen.add((a, b))
         items.append(_item("comparison", f"Which number is larger, {a} or {b}?", str(max(a, b)), [str(min(a, b))], rng))
-    for index, day in enumerate(DAYS):
-        items.append(_item("calendar", f"What day comes after {day}?", DAYS[(index + 1) % 7],
-                           rng.sample([d for d in DAYS if d != DAYS[(index + 1) % 7]], 3), rng))  # fmt: skip
-        items.append(_item("calendar", f"What day comes before {day}?", DAYS[index - 1],
-                           rng.sample([d for d in DAYS if d != DAYS[index - 1]], 3), rng))  # fmt: skip
-    for index, month in enumerate(MONTHS):
-        after, before = MONTHS[(index + 1) % 12], MONTHS[index - 1]
-        items.append(_item("calendar", f"Which month comes after {month}?", after,
-                           rng.sample([m for m in MONTHS if m != after], 3), rng))  # fmt: skip
-        items.append(_item("calendar", f"Which month comes before {month}?", before,
-                           rng.sample([m for m in MONTHS if m != before], 3), rng))  # fmt: skip
+    for cycle, asked in ((DAYS, "What day"), (MONTHS, "Which month")):  # the next and the previous of each
+        for index, name in enumerate(cycle):
+            for relation, answer in (("after", cycle[(index + 1) % len(cycle)]), ("before", cycle[index - 1])):
+                others = rng.sample([other for other in cycle if other != answer], 3)
+                items.append(_item("calendar", f"{asked} comes {relation} {name}?", answer, others, rng))
     for question, answer, _ in UNIT_FACTS:
         value = int(answer)
         items.append(_item("units", question, answer, [str(v) for v in (value * 2, value + 1, max(1, value - 2))], rng))
