@@ -6,13 +6,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from reward_fns.text import Completion, completion_text, last_boxed
+from reward_fns.text import MAX_ANSWER_CHARS, Completion, completion_text, last_boxed
 
 _THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 
 
 def boxed_format(completions: list[Completion], **kwargs: Any) -> list[float | None]:
-    """1.0 when the completion holds exactly one non-empty ``\\boxed{}``, else 0.0.
+    """1.0 when the completion holds exactly one non-empty ``\\boxed{}`` of at most ``MAX_ANSWER_CHARS``
+    characters, else 0.0.
 
     >>> boxed_format(completions=[r"\\boxed{3}", "3", r"\\boxed{1} \\boxed{2}", r"\\boxed{}"])
     [1.0, 0.0, 0.0, 0.0]
@@ -21,7 +22,7 @@ def boxed_format(completions: list[Completion], **kwargs: Any) -> list[float | N
     for completion in completions:
         text = completion_text(completion)
         answer = last_boxed(text)
-        rewards.append(float(text.count("\\boxed{") == 1 and bool(answer)))
+        rewards.append(float(text.count("\\boxed{") == 1 and bool(answer) and len(answer) <= MAX_ANSWER_CHARS))
     return rewards
 
 

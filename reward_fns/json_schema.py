@@ -15,15 +15,23 @@ _MISSING = object()
 
 
 def extract_json(text: str) -> Any:
-    """The JSON value in a completion: the last fenced block if any, else the whole text; ``_MISSING`` if none.
+    """The JSON value in a completion: the last fenced block if any, else the whole text; ``_MISSING`` if none,
+    or if fenced blocks hold different values.
 
     >>> extract_json('Here: ```json\\n{"a": 1}\\n```'), extract_json(' [1, 2] ')
     ({'a': 1}, [1, 2])
-    >>> extract_json("not json") is _MISSING
-    True
+    >>> extract_json("not json") is _MISSING, extract_json('```{"a": 1}``` or ```{"a": 2}```') is _MISSING
+    (True, True)
     """
     fenced = _FENCE.findall(text)
-    candidate = fenced[-1] if fenced else text
+    values = [_parse(block) for block in fenced] if fenced else [_parse(text)]
+    parsed = [value for value in values if value is not _MISSING]
+    if len(fenced) > 1 and any(value != parsed[-1] for value in parsed):
+        return _MISSING  # blocks with different values: hedging, no answer
+    return values[-1]
+
+
+def _parse(candidate: str) -> Any:
     try:
         return json.loads(candidate.strip())
     except (ValueError, RecursionError):  # RecursionError: adversarially deep nesting

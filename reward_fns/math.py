@@ -16,7 +16,7 @@ from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-from reward_fns.text import Completion, completion_text, last_boxed
+from reward_fns.text import MAX_ANSWER_CHARS, Completion, boxed_contents, completion_text
 
 _PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 _TIMEOUT_SECONDS = 5
@@ -35,6 +35,33 @@ def plain_number(text: str) -> Decimal | None:
         return Decimal(candidate)
     except InvalidOperation:
         return None
+
+
+# Letter runs that are mathematics, not prose: functions, constants, operators, LaTeX's words and Greek letters.
+_MATH_WORDS = frozenset(
+    """sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp sqrt pi infty infinity inf mod
+    gcd lcm max min det dim ker deg arg lim sup frac dfrac tfrac cdot times div pm mp le ge leq geq neq ne
+    approx cup cap in notin subset subseteq emptyset varnothing left right begin end matrix pmatrix bmatrix
+    vmatrix cases mathbb mathrm mathbf text circ alpha beta gamma delta epsilon varepsilon theta vartheta
+    lambda mu nu xi rho sigma tau phi varphi chi psi omega eta zeta kappa iota""".split()  # noqa: SIM905
+)
+_LETTER_RUN = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # not the name of a LaTeX command
+
+
+def is_prose(answer: str) -> bool:
+    r"""Whether a math answer is words rather than mathematics: no digit, and two or more words, or one word of
+    three or more letters that is no mathematical name. math-verify reads such text as a product of letters, so
+    any arrangement of the same letters in ``\boxed{}`` would be scored correct.
+
+    >>> [is_prose(a) for a in ["see the figure", "undefined", r"\text{no solution}", "x", "ab", r"\frac{\pi}{2}"]]
+    [True, True, True, False, False, False]
+    >>> [is_prose(a) for a in ["5 meters", r"\sin x", r"(1, \infty)", r"\begin{pmatrix} a & b \end{pmatrix}"]]
+    [False, False, False, False]
+    """
+    if any(character.isdigit() for character in answer):
+        return False
+    words = [w for w in _LETTER_RUN.findall(answer) if w.lower() not in _MATH_WORDS]
+    return len(words) >= 2 or any(len(w) >= 3 for w in words)
 
 
 def _timeout() -> int | None:
@@ -66,17 +93,22 @@ def _parse_boxed(answer: str) -> list[Any]:
 
 
 def math_verdict(completion: str, gold: str) -> float | None:
-    """1.0 if the final boxed answer equals ``gold``, 0.0 if not (or no box), None if ``gold`` is unparseable.
+    """1.0 if the boxed answer equals ``gold``, 0.0 if not (or no box), None if ``gold`` cannot be judged
+    (unparseable, or words rather than mathematics). Several boxes must all hold the right answer: boxing two
+    different answers is hedging, not solving; and a box over ``MAX_ANSWER_CHARS`` characters scores 0.
 
     >>> math_verdict(r"so \\boxed{42}", "42"), math_verdict(r"\\boxed{41}", "42"), math_verdict("42", "42")
     (1.0, 0.0, 0.0)
-    >>> math_verdict(r"\\boxed{\\frac{2}{4}}", "0.5")
-    1.0
+    >>> math_verdict(r"\\boxed{\\frac{2}{4}}", "0.5"), math_verdict(r"\\boxed{41} or \\boxed{42}", "42")
+    (1.0, 0.0)
     """
-    answer = last_boxed(completion)
-    if answer is None:
-        return None if plain_number(gold) is None and not parse_gold(gold) else 0.0
-    return boxed_verdict(answer, gold)
+    if is_prose(gold) or (plain_number(gold) is None and not parse_gold(gold)):
+        return None
+    answers = [answer.strip() for answer in boxed_contents(completion)]
+    if not answers or any(len(answer) > MAX_ANSWER_CHARS for answer in answers):
+        return 0.0
+    verdicts = {boxed_verdict(answer, gold) for answer in dict.fromkeys(answers)}
+    return 1.0 if verdicts == {1.0} else None if None in verdicts else 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -112,11 +144,14 @@ def math_accuracy(completions: list[Completion], ground_truth: list[str], **kwar
 
 
 def boxed_match(completions: list[Completion], ground_truth: list[str], **kwargs: Any) -> list[float | None]:
-    """Exact string match of the final ``\\boxed{}`` content (whitespace-stripped) with the ground truth.
+    """Exact string match of the ``\\boxed{}`` content (whitespace-stripped) with the ground truth; several boxes
+    must all match (hedging scores 0).
 
-    >>> boxed_match(completions=[r"\\boxed{ 12 }", r"\\boxed{12.0}"], ground_truth=["12", "12"])
-    [1.0, 0.0]
+    >>> boxed_match(completions=[r"\\boxed{ 12 }", r"\\boxed{12.0}", r"\\boxed{1} \\boxed{12}"], ground_truth=["12"]*3)
+    [1.0, 0.0, 0.0]
     """
-    return [
-        float(last_boxed(completion_text(c)) == str(g).strip()) for c, g in zip(completions, ground_truth, strict=True)
-    ]
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, ground_truth, strict=True):
+        answers = {answer.strip() for answer in boxed_contents(completion_text(completion))}
+        rewards.append(float(answers == {str(gold).strip()}))
+    return rewards

@@ -95,8 +95,9 @@ def resolve_reward(name: str, path: str | Path | None = None) -> RewardFunction:
     """The function behind a built-in name or an import path such as ``my_pkg.rewards:score``; ``path`` (a
     folder) is put on ``sys.path`` first."""
     check_reward_name(name)
-    if name in REWARD_FUNCTIONS:
-        return REWARD_FUNCTIONS[name]
+    if name in REWARD_FUNCTIONS:  # looked up in its module now, so a patched or reloaded module is what runs
+        function = REWARD_FUNCTIONS[name]
+        return getattr(sys.modules.get(function.__module__), function.__name__, function)
     if path is not None and str(path) not in sys.path:
         sys.path.append(str(path))
     module_name, _, attribute = name.partition(":")

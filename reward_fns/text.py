@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 Completion = str | list[dict[str, Any]]
+# A boxed answer longer than this is answer-stuffing, not an answer (nor worth a parse that can take seconds).
+MAX_ANSWER_CHARS = 1000
 
 
 def completion_text(completion: Completion) -> str:

@@ -67,6 +67,8 @@ def path_problems(config: PipelineConfig) -> list[str]:
         value = getattr(config.evaluation, key)
         if value is not None and not Path(value).is_file():
             problems.append(f"evaluation.{key}: file not found: {value}")
+    if config.canaries.file is not None and not Path(config.canaries.file).is_file():
+        problems.append(f"canaries.file: file not found: {config.canaries.file}")
     for index, spec in enumerate(config.rewards):
         if spec.path is not None and not Path(spec.path).is_dir():
             problems.append(f"rewards.{index}.path: folder not found: {spec.path}")

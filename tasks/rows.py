@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from reward_fns.label import normalize_exact
-from reward_fns.math import parse_gold, plain_number
+from reward_fns.math import is_prose, parse_gold, plain_number
 from reward_fns.text import last_boxed
 from tasks.config import DataSettings
 from tasks.data import _Unreadable
@@ -33,33 +33,6 @@ class RowProblem(ValueError):
     def __init__(self, *reasons: str) -> None:
         super().__init__("; ".join(reasons))
         self.reasons = list(reasons)
-
-
-# Letter runs that are mathematics, not prose: functions, constants, operators, LaTeX's words and Greek letters.
-_MATH_WORDS = frozenset(
-    """sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp sqrt pi infty infinity inf mod
-    gcd lcm max min det dim ker deg arg lim sup frac dfrac tfrac cdot times div pm mp le ge leq geq neq ne
-    approx cup cap in notin subset subseteq emptyset varnothing left right begin end matrix pmatrix bmatrix
-    vmatrix cases mathbb mathrm mathbf text circ alpha beta gamma delta epsilon varepsilon theta vartheta
-    lambda mu nu xi rho sigma tau phi varphi chi psi omega eta zeta kappa iota""".split()  # noqa: SIM905
-)
-_LETTER_RUN = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")  # not the name of a LaTeX command
-
-
-def is_prose(answer: str) -> bool:
-    r"""Whether a math answer is words rather than mathematics: no digit, and two or more words, or one word of
-    three or more letters that is no mathematical name. math-verify reads such text as a product of letters, so
-    any arrangement of the same letters in ``\boxed{}`` would be scored correct.
-
-    >>> [is_prose(a) for a in ["see the figure", "undefined", r"\text{no solution}", "x", "ab", r"\frac{\pi}{2}"]]
-    [True, True, True, False, False, False]
-    >>> [is_prose(a) for a in ["5 meters", r"\sin x", r"(1, \infty)", r"\begin{pmatrix} a & b \end{pmatrix}"]]
-    [False, False, False, False]
-    """
-    if any(character.isdigit() for character in answer):
-        return False
-    words = [w for w in _LETTER_RUN.findall(answer) if w.lower() not in _MATH_WORDS]
-    return len(words) >= 2 or any(len(w) >= 3 for w in words)
 
 
 def _canonical_number(value: Decimal) -> str:

@@ -17,12 +17,16 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import DataSettings, PipelineConfig
 from tasks.data import _Unreadable, load_rows, write_jsonl
-from tasks.errors import UserError
+from tasks.errors import GateStop, UserError
 from tasks.expectations import gx_audit
 from tasks.layout import write_atomically
 from tasks.reporting import publish_markdown, tracked_stage
 from tasks.rows import RowProblem, check_row, fingerprint, holdout_side
 from tasks.runs import Tracker
+
+
+class RewardCanaryFailed(GateStop, RuntimeError):
+    """A configured reward judged a labelled canary completion otherwise than expected."""
 
 
 class QuarantineLimitExceeded(UserError, RuntimeError):
@@ -131,12 +135,51 @@ def reason_counts(quarantined: Sequence[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
+def check_reward_canaries(config: PipelineConfig, stage_dir: Path) -> dict[str, Any]:
+    """Score the configured rewards on the task kind's canaries (and ``canaries.file``'s); writes
+    ``canaries.json`` and raises RewardCanaryFailed naming function, case, expected and got on any disagreement.
+    Rewards no canary names are listed as unchecked."""
+    from reward_fns.canaries import CanaryFileError, check_canaries, kind_canaries, load_canaries
+    from reward_fns.registry import build_reward_functions
+
+    report: dict[str, Any] = {"enabled": config.canaries.enabled}
+    if not config.canaries.enabled:
+        return report
+    try:
+        cases = kind_canaries(config.data.kind)
+        if config.canaries.file is not None:
+            cases += load_canaries(Path(config.canaries.file))
+    except (CanaryFileError, OSError) as exc:
+        raise UserError(f"canaries.file: {exc}") from exc
+    rewards, _ = build_reward_functions(config.rewards)
+    disagreements = check_canaries(rewards, config.rewards, cases)
+    checked = {r.__name__: sum(r.__name__ in case["expect"] for case in cases) for r in rewards}
+    report.update(
+        cases=len(cases),
+        checks=checked,
+        unchecked=[name for name, count in checked.items() if not count],
+        disagreements=[vars(d) for d in disagreements],
+    )
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(stage_dir / "canaries.json", json.dumps(report, indent=2, default=str))
+    if disagreements:
+        more = f"; {len(disagreements) - 1} more in {stage_dir / 'canaries.json'}" if len(disagreements) > 1 else ""
+        raise RewardCanaryFailed(
+            f"reward canary failed: {disagreements[0].describe()}{more}\n"
+            "a reward judges a known case wrongly (a parser or dependency change?): fix it before training on it"
+            + ("" if config.canaries.file else ", or give a custom reward its cases in canaries.file")
+        )
+    return report
+
+
 def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
-    """Load, normalize, check, quarantine and split; writes train / holdout / quarantine JSONL and a report."""
+    """Check the rewards on their canaries; load, normalize, check, quarantine and split; writes train / holdout /
+    quarantine JSONL and a report."""
     if config.data.kind == "code":  # fail before any compute when model-written code could not be isolated
         from reward_fns.sandbox_isolation import detect_isolation
 
         detect_isolation()
+    check_reward_canaries(config, stage_dir)
     raw_rows = load_rows(config.data, config.seed)
     kept, quarantined, gx_summary = validate_rows(raw_rows, config.data, stage_dir / "data_docs")
     sides = [holdout_side(row["prompt"], config.data.holdout_fraction) for row in kept]
@@ -202,6 +245,8 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
         for path in (result.report_path, result.quarantine_path):
             stage.log_artifact(path, "validate")
         stage.log_artifact(stage.dir / "data_docs", "validate/data_docs")
+        if (stage.dir / "canaries.json").is_file():
+            stage.log_artifact(stage.dir / "canaries.json", "validate")
         reasons = (
             "\n".join(f"| {reason} | {count} |" for reason, count in sorted(result.reasons.items())) or "| — | 0 |"
         )

@@ -11,7 +11,10 @@ CASES = [
     ("The sum is \\boxed{42}.", "42", 1.0),
     ("\\boxed{41}", "42", 0.0),
     ("42", "42", 0.0),  # no box: not an answer
-    ("first \\boxed{41} then final \\boxed{42}", "42", 1.0),  # the final box counts
+    ("first \\boxed{41} then final \\boxed{42}", "42", 0.0),  # two different answers: hedging, not solving
+    ("\\boxed{42}, so again: \\boxed{42.0}", "42", 1.0),  # the same answer twice
+    ("\\boxed{" + "4" * 5000 + "}", "42", 0.0),  # answer-stuffing
+    ("\\boxed{42" + " + 0" * 1250 + "}", "42", 0.0),  # equal, but 5,000 characters: stuffing, never parsed
     ("first \\boxed{42} then final \\boxed{41}", "42", 0.0),
     ("<think>maybe \\boxed{42}</think> answer \\boxed{40}", "42", 0.0),
     ("\\boxed{1,234}", "1234", 1.0),
@@ -33,6 +36,12 @@ def test_math_accuracy_plain_and_chat(completion: str, gold: str, expected: floa
 
 def test_unparseable_gold_is_none_not_zero() -> None:
     assert math_accuracy(completions=["\\boxed{1}"], ground_truth=["\\frac{"]) == [None]
+
+
+def test_prose_gold_cannot_be_judged() -> None:
+    # math-verify reads words as a product of letters: any anagram in a box would "verify"
+    completions = ["\\boxed{see the figure}", "\\boxed{figure the see}"]
+    assert math_accuracy(completions=completions, ground_truth=["see the figure"] * 2) == [None, None]
 
 
 def test_fast_path_agrees_with_math_verify() -> None:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,53 @@ def test_a_crash_while_writing_leaves_the_previous_file(tmp_path: Path, monkeypa
         write_jsonl(target, [{"a": 2}] * 1000)
     assert target.read_text() == '{"a": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]  # no partial or temporary file left
+
+
+def test_a_math_reward_that_credits_unboxed_answers_fails_validate_on_the_canaries(
+    tiny_config, tmp_path, monkeypatch
+) -> None:
+    import reward_fns.math
+    from tasks.validate import RewardCanaryFailed, run_validate
+
+    def credits_unboxed(completions, ground_truth, **kwargs):  # a "fix" that accepts the number anywhere
+        return [float(str(g) in str(c)) for c, g in zip(completions, ground_truth, strict=True)]
+
+    monkeypatch.setattr(reward_fns.math, "math_accuracy", credits_unboxed)
+    with pytest.raises(RewardCanaryFailed) as failure:
+        run_validate(tiny_config, tmp_path / "validate")
+    message = str(failure.value)
+    named = r"reward canary failed: math_accuracy on '[^']+' \(math\.jsonl:\d+\): expected 1\.0, got 0\.0"
+    assert re.search(named, message)
+    assert "more in" in message
+    assert len(message.splitlines()) <= 2 and failure.value.exit_code == 3
+    report = json.loads((tmp_path / "validate" / "canaries.json").read_text())
+    assert {d["function"] for d in report["disagreements"]} == {"math_accuracy"}
+    unboxed = next(d for d in report["disagreements"] if d["case"] == "wrong: right number, no box")
+    assert (unboxed["expected"], unboxed["got"]) == (0.0, 1.0)
+    assert not (tmp_path / "validate" / "train.jsonl").exists()  # stopped before the data was split
+
+
+def test_a_custom_reward_is_checked_on_the_configs_own_canaries(tiny_config, tmp_path) -> None:
+    from tasks.config import load_config
+    from tasks.validate import RewardCanaryFailed, run_validate
+
+    (tmp_path / "shout.py").write_text(
+        "def shouted(completions, **kwargs):\n    return [float(c.isupper()) for c in completions]\n"
+    )
+    (tmp_path / "canaries.jsonl").write_text(
+        '{"case": "correct: loud", "completion": "YES", "expect": {"shouted": 1.0}}\n'
+        '{"case": "wrong: quiet", "completion": "yes", "expect": {"shouted": 0.0}}\n'
+    )
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(
+        "model: {source: tiny-random}\ndata: {arithmetic: {num_rows: 40}}\n"
+        "rewards: [{name: 'shout:shouted'}, {name: boxed_format, weight: 0.1}]\ncanaries: {file: canaries.jsonl}\n"
+    )
+    config = load_config(config_file, {"output_dir": str(tmp_path / "out")})
+    run_validate(config, tmp_path / "ok")
+    report = json.loads((tmp_path / "ok" / "canaries.json").read_text())
+    assert report["checks"]["shouted"] == 2 and report["checks"]["boxed_format"] > 5 and not report["unchecked"]
+
+    (tmp_path / "canaries.jsonl").write_text('{"case": "quiet", "completion": "yes", "expect": {"shouted": 1.0}}\n')
+    with pytest.raises(RewardCanaryFailed, match=r"shouted on 'quiet' \(canaries\.jsonl:1\): expected 1\.0, got 0\.0"):
+        run_validate(config, tmp_path / "bad")
