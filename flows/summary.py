@@ -34,6 +34,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             probe.get("verdict", "").split(":")[0],
         )
     console.print(probes)
+    stopped = (summary.get("grpo") or {}).get("stopped")
+    if stopped:
+        console.print(f"GRPO stopped early at step {stopped['step']} ({stopped['cause']}): {stopped['message']}")
     evaluation = summary.get("evaluation")
     if evaluation:
         table = Table(title="hold-out evaluation (same prompts for every model)")

@@ -141,6 +141,32 @@ class GenerationSettings(_Strict):
     vllm_tensor_parallel_size: int = Field(1, ge=1)
 
 
+class DynamicSamplingSettings(_Strict):
+    """The online difficulty filter: groups whose rewards all agree are replaced by groups of other prompts."""
+
+    enabled: bool = False
+    max_oversample: float = Field(
+        1.0, ge=0.0, description="Extra prompts sampled per generation batch: at most this many times its prompts."
+    )
+    retire_after: int = Field(
+        3, ge=0, description="Retire a prompt solved in every sample on this many visits in a row (0: never)."
+    )
+
+
+class SignalStopSettings(_Strict):
+    """Early stops on a dead learning signal, judged on each logged step (0 steps: that check is off)."""
+
+    dead_signal_share: float = Field(0.95, ge=0.0, le=1.0, description="frac_reward_zero_std above this is dead.")
+    dead_signal_steps: int = Field(5, ge=0, description="Stop after this many dead steps in a row (0: never).")
+    entropy_floor: float = Field(0.01, ge=0.0, description="Mean token entropy below this has collapsed.")
+    entropy_steps: int = Field(5, ge=0, description="Stop after this many collapsed steps in a row (0: never).")
+    plateau_steps: int = Field(
+        0, ge=0, description="Stop when the mean reward has not improved for this many steps (0: never)."
+    )
+    plateau_window: int = Field(5, ge=1, description="Steps in the plateau check's moving mean of the reward.")
+    plateau_min_delta: float = Field(0.01, ge=0.0, description="What counts as an improvement of that mean.")
+
+
 class GRPOSettings(_Strict):
     enabled: bool = True
     generation: GenerationSettings = GenerationSettings()
@@ -164,6 +190,8 @@ class GRPOSettings(_Strict):
     max_none_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
     )
+    dynamic_sampling: DynamicSamplingSettings = DynamicSamplingSettings()
+    stop: SignalStopSettings = SignalStopSettings()
 
     @model_validator(mode="after")
     def _server_mode_needs_a_url(self) -> GRPOSettings:
@@ -273,6 +301,15 @@ class TrackingSettings(_Strict):
     http_timeout_s: float | None = Field(None, gt=0, description="MLflow HTTP request timeout (default 20 s).")
 
 
+class CanarySettings(_Strict):
+    """Reward canaries: labelled completions each configured reward must judge as expected, checked in validate."""
+
+    enabled: bool = True
+    file: Path | None = Field(
+        None, description="Extra canaries (JSONL) for custom rewards, beside the task kind's built-in ones."
+    )
+
+
 class PipelineConfig(_Strict):
     name: str = "demo"
     output_dir: Path = Path("outputs")
@@ -291,6 +328,7 @@ class PipelineConfig(_Strict):
     tracking: TrackingSettings = TrackingSettings()
     orchestration: OrchestrationSettings = OrchestrationSettings()
     watch: WatchSettings = WatchSettings()
+    canaries: CanarySettings = CanarySettings()
 
     @field_validator("rewards")
     @classmethod
@@ -376,7 +414,7 @@ def _is_model_path(source: str, base: Path) -> bool:
 def anchor_paths(raw: dict[str, Any], base: Path) -> None:
     """Make the input paths of a raw config absolute against ``base``, in place: ``data.source`` (a file or
     folder), ``model.source`` (when written as a path), ``evaluation.general_corpus``/``general_questions`` and
-    ``rewards[].path``. ``output_dir`` stays relative to the folder a command runs in.
+    ``rewards[].path``, ``canaries.file``. ``output_dir`` stays relative to the folder a command runs in.
 
     >>> raw = {"data": {"source": "rows.jsonl"}, "model": {"source": "Qwen/Qwen2.5-0.5B"}}
     >>> anchor_paths(raw, Path("/project/configs")); raw["data"]["source"], raw["model"]["source"]
@@ -401,6 +439,9 @@ def anchor_paths(raw: dict[str, Any], base: Path) -> None:
     for spec in raw.get("rewards") or []:
         if isinstance(spec, dict) and spec.get("path"):
             spec["path"] = anchored(spec["path"])
+    canaries = raw.get("canaries")
+    if isinstance(canaries, dict) and canaries.get("file"):
+        canaries["file"] = anchored(canaries["file"])
 
 
 def import_rewards(config: PipelineConfig, config_dir: Path | None, source: str) -> None:

@@ -15,7 +15,7 @@ import torch
 from prefect import task
 from transformers import TrainerCallback
 
-from reward_fns.registry import IsolatedReward, build_reward_functions, reward_columns
+from reward_fns.registry import CORRECTNESS_REWARD, IsolatedReward, build_reward_functions, reward_columns
 from tasks.caching import stage_cache_key
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
@@ -29,6 +29,7 @@ from tasks.layout import (
     HANDOFF_TRAIN,
     RemoteGrpoRequest,
 )
+from tasks.learning_signal import SignalStateSaver, SignalStop, load_signal_state
 from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import tracked_stage
 from tasks.runs import Tracker
@@ -168,8 +169,12 @@ def run_grpo(
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
     from tasks.speedups.frozen import store_frozen_in
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
+
+    class GRPOTrainerWithFilter(DynamicSamplingMixin, SharedPrefillGRPOTrainer):
+        """The GRPO trainer: the online difficulty filter over the shared-prefill trainer."""
 
     rows = read_jsonl(train_path)
     if keep_ids is not None:
@@ -201,7 +206,13 @@ def run_grpo(
         lr_scheduler_type="constant",
     )
     recorder = MetricsHistory()
-    trainer = SharedPrefillGRPOTrainer(
+    resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
+    pool = load_signal_state(resume_from, settings.dynamic_sampling.retire_after)
+    signal_stop = SignalStop(settings.stop)
+    trainer = GRPOTrainerWithFilter(
+        dynamic_sampling=settings.dynamic_sampling,
+        correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
+        retirement_pool=pool,
         precision=config.model.precision,
         model=model,
         reward_funcs=rewards,
@@ -212,6 +223,8 @@ def run_grpo(
         callbacks=[
             recorder,
             NoneShareGuard(rewards, settings.max_none_share),
+            signal_stop,
+            SignalStateSaver(pool),
             *(
                 [CompletionSampleLogger(rewards, weights, settings.log_completions_every, completion_sink)]
                 if completion_sink
@@ -222,8 +235,7 @@ def run_grpo(
     )
     store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
-    resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
-    replay_history(resume_from, [recorder, *callbacks])
+    replay_history(resume_from, [recorder, signal_stop, *callbacks])
     steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
     for reward in rewards:  # however short the run: an adapter trained on unjudged samples is not promoted
         stats = reward.stats
@@ -233,7 +245,8 @@ def run_grpo(
                 f"({stats.none_share:.0%} > grpo.max_none_share {settings.max_none_share:.0%}; last error: "
                 f"{stats.last_error}); the run stops before evaluation and promotion"
             )
-    return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
+    stop = signal_stop.verdict.to_json() if signal_stop.verdict else None
+    return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history, stop)
 
 
 @task(name="grpo", cache_key_fn=stage_cache_key, persist_result=True)
@@ -262,7 +275,20 @@ def grpo_task(
             completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
         )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        if result.stop:
+            report_stop(stage, tracker.run_id, result.stop)
         return result
+
+
+def report_stop(stage: Any, run_id: str, verdict: dict[str, Any]) -> None:
+    """An early stop's verdict in the stage's MLflow run (tags, metrics), the run log and a Prefect event."""
+    from tasks.events import emit_pipeline_event
+    from tasks.reporting import publish_markdown
+
+    stage.set_tags({"grpo.stopped": verdict["cause"], "grpo.stop_verdict": verdict["message"][:4000]})
+    stage.log_metrics({"stopped_at_step": verdict["step"]})
+    publish_markdown("grpo-stopped", f"### GRPO stopped early at step {verdict['step']}\n{verdict['message']}\n")
+    emit_pipeline_event("grpo-stopped", run_id, verdict)
 
 
 @task(name="grpo-deployment")
@@ -309,7 +335,13 @@ def remote_grpo_task(
     )
     runs = tracker.stage_runs("grpo")
     metrics = runs[-1].data.metrics if runs else {}
-    return TrainResult(adapter_dir, int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0)))
+    tags = runs[-1].data.tags if runs else {}
+    stop = None
+    if "grpo.stopped" in tags:  # the deployment reported its early stop in its stage run
+        stop = {"cause": tags["grpo.stopped"], "step": int(metrics.get("stopped_at_step", 0)),
+                "message": tags.get("grpo.stop_verdict", ""), "numbers": {}}  # fmt: skip
+    steps, seconds = int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0))
+    return TrainResult(adapter_dir, steps, seconds, stop=stop)
 
 
 def grpo_task_for(config: PipelineConfig) -> Any:

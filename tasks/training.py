@@ -29,6 +29,7 @@ class TrainResult:
     steps: int
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
+    stop: dict[str, Any] | None = None  # GRPO's early-stop verdict (tasks.learning_signal.StopVerdict), if any
 
     def last(self, key: str) -> float | None:
         """The last logged value of ``key``, if any."""
@@ -184,7 +185,7 @@ def replay_history(checkpoint: Path | None, callbacks: Sequence[Any]) -> None:
         state = SimpleNamespace(global_step=int(entry["step"]))
         logs = {k: v for k, v in entry.items() if k != "step"}
         for callback in callbacks:
-            if isinstance(callback, MetricsHistory | MlflowTrainerCallback):
+            if isinstance(callback, MetricsHistory | MlflowTrainerCallback) or getattr(callback, "replays_history", 0):
                 callback.on_log(None, state, None, logs=logs)
 
 

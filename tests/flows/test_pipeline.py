@@ -91,6 +91,29 @@ def test_probe_gate_stops_before_grpo_and_registers_nothing(tiny_config: Pipelin
     assert not client.search_model_versions(f"name = '{gated.tracking.registered_model_name}'")
 
 
+def test_dead_signal_stops_grpo_which_still_goes_to_evaluation_and_promotion(
+    tiny_config: PipelineConfig, tmp_path: Path
+) -> None:
+    (tmp_path / "always_zero.py").write_text("def never(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    dead = PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "rewards": [{"name": "always_zero:never", "path": str(tmp_path)}],
+            "sft": {**tiny_config.sft.model_dump(), "enabled": False},
+            "probe": {**tiny_config.probe.model_dump(), "min_signal_share": 0.0},  # the probe lets it through
+            "grpo": {**tiny_config.grpo.model_dump(), "max_steps": 12, "stop": {"dead_signal_steps": 3}},
+        }
+    )
+    summary = pipeline(dead, "tiny-dead")
+    stopped = summary["grpo"]["stopped"]
+    assert stopped["cause"] == "dead_signal" and stopped["step"] == 3 and summary["grpo"]["steps"] == 3
+    assert "frac_reward_zero_std 1.00 > 0.95 for 3 steps" in stopped["message"]
+    assert set(summary["evaluation"]["models"]) == {"base", "grpo"}  # the adapter it has is evaluated
+    assert summary["promotion"]["reason"]  # and promotion decided on it
+    grpo_run = next(r for r in _runs(dead, "tiny-dead") if r.data.tags.get("grpoflow.stage") == "grpo")
+    assert grpo_run.data.tags["grpo.stopped"] == "dead_signal" and grpo_run.data.metrics["stopped_at_step"] == 3
+
+
 def test_humaneval_config_stops_smollm2_at_the_base_probe(tmp_path: Path) -> None:
     """configs/humaneval.yaml on real data and the real SmolLM2: every sampled program runs in the sandbox, none
     solves its problem, and the gate stops the run before any training (fewer samples here than the config's)."""
