@@ -32,6 +32,8 @@ from tasks.errors import UserError
 
 TaskKind = Literal["math", "code", "json", "label", "exact"]
 Precision = Literal["auto", "fp32", "bf16"]
+Speedups = Literal["auto", "off"]
+_SPEEDUPS = "auto: grpoflow's speed-ups where they apply (tasks/speedups/); off: stock TRL and transformers."
 
 
 class _Strict(BaseModel):
@@ -125,6 +127,7 @@ class SFTSettings(_Strict):
     max_length: int = Field(256, ge=8)
     logging_steps: int = Field(5, ge=1)
     checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
+    speedups: Speedups = Field("auto", description=_SPEEDUPS)
 
 
 class GenerationSettings(_Strict):
@@ -192,6 +195,9 @@ class GRPOSettings(_Strict):
     )
     dynamic_sampling: DynamicSamplingSettings = DynamicSamplingSettings()
     stop: SignalStopSettings = SignalStopSettings()
+    speedups: Speedups = Field(
+        "auto", description=_SPEEDUPS + " 'off' also gives probe and evaluation transformers' own generate."
+    )
 
     @model_validator(mode="after")
     def _server_mode_needs_a_url(self) -> GRPOSettings:

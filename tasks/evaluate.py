@@ -155,6 +155,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         "stats": stats,
         "precision": config.model.precision,
         "progress": lambda done, total: logger.info("evaluate %s: %d/%d prompts", spec.name, done, total),
+        "stock": config.grpo.speedups == "off",
     }
     greedy = generate_completions(model, tokenizer, prompts, greedy=True, seed=config.seed, **common)
     sampled = generate_completions(
@@ -179,6 +180,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
             precision=config.model.precision,
             model_key=model_key,
             base_key=None if spec.adapter_dir is None else base_key,
+            stock=config.grpo.speedups == "off",
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     samples = [

@@ -100,7 +100,7 @@ def choice_logprobs(
     """Summed log-probability of each choice after its context. Each context runs once and its cache is copied
     to its choices (``shared_prefill``, as sampling does), so a question with four choices costs little more
     than one; questions are batched by their number of choices."""
-    from tasks.generation import shared_prefill
+    from tasks.generation import shared_prefill, with_cache
 
     device = next(model.parameters()).device
     results: list[list[float]] = [[] for _ in contexts]
@@ -131,8 +131,8 @@ def choice_logprobs(
                 attention = torch.cat([mask.repeat_interleave(count, dim=0), follow_mask], dim=1)
                 start = mask.sum(dim=-1, keepdim=True).repeat_interleave(count, dim=0)
                 positions = start + torch.arange(follow.shape[1], device=device)[None, :]
-                logits = model(input_ids=follow, attention_mask=attention, position_ids=positions, cache=cache,
-                               use_cache=True).logits  # fmt: skip
+                logits = model(input_ids=follow, attention_mask=attention, position_ids=positions, use_cache=True,
+                               **with_cache(cache)).logits  # fmt: skip
                 rest = torch.log_softmax(logits.float(), dim=-1)
             for row, option in enumerate(options):
                 total = float(first[row, option[0]])
@@ -163,12 +163,12 @@ def qa_by_likelihood(model: Any, tokenizer: Any, items: list[dict[str, Any]], ba
 
 
 def qa_by_generation(
-    model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int, precision: str
+    model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int, precision: str, stock: bool = False
 ) -> list[int]:
     """For question sets without choices (``{question, answers}``): greedy answers matched by whole words."""
     prompts = [render_prompt(tokenizer, [{"role": "user", "content": item["question"]}]) for item in items]
     answers = generate_completions(model, tokenizer, prompts, greedy=True, max_new_tokens=16, batch_size=batch_size,
-                                   precision=precision)  # fmt: skip
+                                   precision=precision, stock=stock)  # fmt: skip
     return [int(answer_matches(a[0], item["answers"])) for a, item in zip(answers, items, strict=True)]
 
 
@@ -256,10 +256,11 @@ def general_ability(
     precision: str = "fp32",
     model_key: str | None = None,
     base_key: str | None = None,
+    stock: bool = False,
 ) -> GeneralAbility:
     """One model's general ability. ``model_key``: a fingerprint of the model (base folder + adapter) under which
     the result is cached (the base and registered versions; None: not cached). ``base_key``: the base model's
-    key, whose top-k log-probabilities give the KL (None for the base itself)."""
+    key, whose top-k log-probabilities give the KL (None for the base itself). ``stock``: no packed layers."""
     sets = fingerprint(corpus, questions, extra=f"{precision}:{TOP_K}:v2")
     key = f"{model_key}-{sets}" if model_key else None
     cached = _cache_dir() / f"{key}.json" if key else None
@@ -279,13 +280,14 @@ def general_ability(
     model.eval()
     try:
         # Packed layers for the policies evaluation loads (adapters merged); an unmerged PEFT model as it is.
-        packed = nullcontext() if hasattr(model, "peft_config") else packed_for_inference(model, precision)
+        unpacked = stock or hasattr(model, "peft_config")
+        packed = nullcontext() if unpacked else packed_for_inference(model, precision)
         with torch.inference_mode(), compute_autocast(precision), packed:
             nll, tokens, kls, top = corpus_scores(model, tokenizer, texts, batch_size, reference, base_key is None)
             if items and all("choices" in item for item in items):
                 correct = qa_by_likelihood(model, tokenizer, items, batch_size)
             else:
-                correct = qa_by_generation(model, tokenizer, items, batch_size, precision)
+                correct = qa_by_generation(model, tokenizer, items, batch_size, precision, stock)
     finally:
         model.train(was_training)
     ability = GeneralAbility(

@@ -17,9 +17,11 @@ Must not import: Prefect, MLflow, the stages (probe, evaluation and GRPO's sampl
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,25 @@ from tasks.precision import compute_autocast
 from tasks.speedups.packing import packed_for_inference
 
 logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The keyword that hands a transformers model its KV cache: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (5.24 still takes the old name, with a deprecation warning).
+
+    >>> cache_argument() in ("cache", "past_key_values")
+    True
+    """
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
+
+
+def with_cache(cache: Any) -> dict[str, Any]:
+    """``{cache_argument(): cache}``: the model call's cache keyword for this transformers."""
+    return {cache_argument(): cache}
 
 
 @dataclass
@@ -57,10 +78,12 @@ def generate_completions(
     progress: Callable[[int, int], None] | None = None,
     stats: GenerationStats | None = None,
     precision: str = "fp32",
+    stock: bool = False,
 ) -> list[list[str]]:
     """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
 
     ``batch_size`` counts sequences (prompts × n); ``greedy`` ignores ``temperature`` and ``n`` > 1 repeats.
+    ``stock`` (``speedups: off``): transformers' own ``generate``, no packed layers, no shared prefill.
     """
     if not prompts:
         return []
@@ -82,14 +105,13 @@ def generate_completions(
     model.eval()
     new_tokens = 0
     try:
-        with packed_for_inference(model, precision):
+        with nullcontext() if stock else packed_for_inference(model, precision):
             for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
                 indices = order[start : start + prompts_per_batch]
                 torch.manual_seed(seed + batch_number)
                 with torch.inference_mode(), compute_autocast(precision):
-                    generated = _sample_with_shared_prefill(
-                        model, [encoded[i] for i in indices], samples, pad_id, generation_config
-                    )
+                    sample = _sample_with_generate if stock else _sample_with_shared_prefill
+                    generated = sample(model, [encoded[i] for i in indices], samples, pad_id, generation_config)
                 new_tokens += int((generated != pad_id).sum())
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for offset, index in enumerate(indices):
@@ -213,26 +235,45 @@ def next_tokens(
     return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
 
 
-def _sample_with_shared_prefill(
-    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
-) -> torch.Tensor:
-    """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
-    prompt). Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+def _left_padded(id_lists: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(ids) for ids in id_lists)
     input_ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(id_lists), width), dtype=torch.long)
     for row, ids in enumerate(id_lists):
         input_ids[row, width - len(ids) :] = torch.tensor(list(ids))
         attention[row, width - len(ids) :] = 1
-    device = next(model.parameters()).device
-    input_ids, attention = input_ids.to(device), attention.to(device)
+    return input_ids.to(device), attention.to(device)
+
+
+def _sample_with_generate(
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+) -> torch.Tensor:
+    """The stock path: transformers' ``generate`` with ``samples`` sequences per prompt (rows grouped by prompt).
+    Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+    input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        generation_config=generation_config,
+        num_return_sequences=samples,
+    )
+    return output[:, input_ids.size(1) :]
+
+
+def _sample_with_shared_prefill(
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+) -> torch.Tensor:
+    """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
+    prompt). Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+    input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
+    width = input_ids.size(1)
     if decodable(generation_config):
         return _decode(model, input_ids, attention, samples, pad_id, generation_config)
     cache, _ = shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
         attention_mask=attention.repeat_interleave(samples, dim=0),
-        cache=cache,
+        **with_cache(cache),
         generation_config=generation_config,
     )
     return output[:, width:]
@@ -265,7 +306,11 @@ def _decode(
             break
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         logits = model(
-            input_ids=token[:, None], attention_mask=attention, position_ids=positions, cache=cache, use_cache=True
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **with_cache(cache),
         ).logits[:, -1]
         positions = positions + 1
     return torch.stack(steps, dim=1)
@@ -291,7 +336,7 @@ def shared_prefill(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            cache=cache,
+            **with_cache(cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -5,6 +5,7 @@ live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -155,6 +156,25 @@ def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any
     return args
 
 
+@functools.cache
+def grpo_trainer_class(speedups: str) -> type:
+    """The trainer GRPO runs: TRL's ``GRPOTrainer`` with the online difficulty filter (a feature: on with either
+    setting), over grpoflow's shared-prefill trainer with ``auto``, over TRL's own with ``off``.
+
+    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:3]]
+    ['DynamicSamplingMixin', 'GRPOTrainer']
+    """
+    from trl import GRPOTrainer
+
+    from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
+
+    if speedups == "off":
+        return type("StockGRPOTrainer", (DynamicSamplingMixin, GRPOTrainer), {})
+    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
+
+    return type("SharedPrefillGRPOTrainerWithFilter", (DynamicSamplingMixin, SharedPrefillGRPOTrainer), {})
+
+
 def run_grpo(
     config: PipelineConfig,
     train_path: Path,
@@ -169,12 +189,7 @@ def run_grpo(
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
     from tasks.speedups.frozen import store_frozen_in
-    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
-
-    class GRPOTrainerWithFilter(DynamicSamplingMixin, SharedPrefillGRPOTrainer):
-        """The GRPO trainer: the online difficulty filter over the shared-prefill trainer."""
 
     rows = read_jsonl(train_path)
     if keep_ids is not None:
@@ -209,11 +224,13 @@ def run_grpo(
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     pool = load_signal_state(resume_from, settings.dynamic_sampling.retire_after)
     signal_stop = SignalStop(settings.stop)
-    trainer = GRPOTrainerWithFilter(
+    trainer_class = grpo_trainer_class(settings.speedups)
+    logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
+    trainer = trainer_class(
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
-        precision=config.model.precision,
+        **({"precision": config.model.precision} if settings.speedups == "auto" else {}),
         model=model,
         reward_funcs=rewards,
         args=args,
@@ -233,7 +250,8 @@ def run_grpo(
             *callbacks,
         ],
     )
-    store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
+    if settings.speedups == "auto":
+        store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
     replay_history(resume_from, [recorder, signal_stop, *callbacks])
     steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
@@ -261,7 +279,8 @@ def grpo_task(
     """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
-        stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend)})
+        stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend),
+                        "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__})  # fmt: skip
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
         result = run_grpo(

@@ -35,8 +35,8 @@ def informative_groups(rewards: Sequence[float | None], group_size: int, toleran
     """For each group of ``group_size`` consecutive rewards: do they differ (so the group has an advantage to
     learn from)? Unjudged rewards (None, NaN) are left out; a group with fewer than two judged ones carries none.
 
-    >>> informative_groups([1, 0, 1, 1, 0.5, 0.5, None, 1], 2)
-    [True, True, False, False]
+    >>> informative_groups([1, 0, 1, 1, 0.5, 0.5, None, 1, 0.2, 0.7], 2)
+    [True, False, False, False, True]
     """
     flags = []
     for group in _groups(rewards, group_size):

@@ -188,6 +188,7 @@ def run_probe(
         stats=stats,
         precision=config.model.precision,
         progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
+        stock=config.grpo.speedups == "off",
     )
     scores = score_groups(config, rows, completions)
     result = summarize(label, rows, scores, config.probe.signal_from)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,13 @@ def run_sft(
         peft_config=lora_config(config),
         callbacks=[recorder, *callbacks],
     )
-    store_frozen_in(trainer.model, config.model.precision)
+    speedups = config.sft.speedups == "auto"
+    if speedups:
+        store_frozen_in(trainer.model, config.model.precision)
     started = time.perf_counter()
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     replay_history(resume_from, [recorder, *callbacks])
-    with score_only_labelled_positions():
+    with score_only_labelled_positions() if speedups else nullcontext():
         steps = train_and_save(trainer, resume_from, config.sft.max_steps, stage_dir / ADAPTER)
     return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
 

@@ -158,18 +158,23 @@ class DynamicSamplingMixin:
         candidates = [
             i for i, key in enumerate(self._pool_keys) if key not in exclude and key not in self.retirement_pool.retired
         ]
+        available = len(candidates)
+        if self.accelerator.num_processes > 1:  # every rank draws as many as the poorest rank can
+            counts = self.accelerator.gather(torch.tensor([available], device=self.accelerator.device))
+            available = int(counts.min())
         rng = random.Random(hash((self.args.seed, self.accelerator.process_index, self.state.global_step, salt)))
-        chosen = rng.sample(candidates, min(count, len(candidates)))
+        chosen = rng.sample(candidates, min(count, available))
         rows = []
         for index in chosen:
-            rows.extend([dict(dataset[index])] * self.num_generations)
+            row = dataset[index]
+            rows.extend(dict(row) for _ in range(self.num_generations))  # TRL may write into each row
         return rows
 
     def _swap_retired(self, groups: list[list[dict[str, Any]]]) -> int:
         """Replace groups of retired prompts before anything is sampled for them; returns how many."""
         retired = self.retirement_pool.retired
         stale = [i for i, group in enumerate(groups) if prompt_key(group[0]["prompt"]) in retired]
-        if not stale:
+        if not stale and self.accelerator.num_processes == 1:  # with ranks, every rank draws (a collective)
             return 0
         present = {prompt_key(group[0]["prompt"]) for group in groups}
         fresh = self._draw(len(stale), present, salt=-1)
@@ -189,6 +194,7 @@ class DynamicSamplingMixin:
         budget, sampled_rounds = int(settings.max_oversample * slots), 0
         before: float | None = None
         found = [0] * ranks
+        sampled_groups = informative_groups_seen = 0  # over every rank: the rate each rank plans with
         seen: set[str] = set(keys)
         batch = [row for group in groups for row in group]
         while True:
@@ -214,7 +220,11 @@ class DynamicSamplingMixin:
             for r in range(ranks):
                 found[r] += sum(informative[r * groups_per_rank : (r + 1) * groups_per_rank])
             missing = max(slots - f for f in found)
-            rate = sum(local_flags) / len(local_flags)
+            sampled_groups, informative_groups_seen = (
+                sampled_groups + len(informative),
+                informative_groups_seen + sum(informative),
+            )
+            rate = informative_groups_seen / sampled_groups
             draws = draws_needed(missing, rate, budget)
             if not draws:
                 break
@@ -230,7 +240,8 @@ class DynamicSamplingMixin:
         result = select_rows(merged, rows)
         result["num_items_in_batch"] = self.accelerator.gather(result["completion_mask"].sum()).sum()
         kept = [local_flags[g] for g in chosen]
-        after = float(self.accelerator.gather(torch.tensor([sum(kept) / len(kept)])).mean())
+        share = torch.tensor([sum(kept) / len(kept)], device=self.accelerator.device)
+        after = float(self.accelerator.gather(share).mean())
         metrics = self._metrics["train"]
         zero_std = metrics["frac_reward_zero_std"]
         del zero_std[len(zero_std) - sampled_rounds :]  # TRL appended one per round; the batch trained on is one

@@ -14,7 +14,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
-from tasks.generation import sample_groups
+from tasks.generation import sample_groups, with_cache
 from tasks.precision import resolve_dtype
 from tasks.speedups.merged_copy import MergedCopy
 
@@ -56,7 +56,7 @@ def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch
     head = model(
         input_ids=prompts[firsts],
         attention_mask=prompt_mask[firsts],
-        cache=cache,
+        **with_cache(cache),
         use_cache=True,
         logits_to_keep=1,
     ).logits[of_row]
@@ -66,7 +66,7 @@ def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch
     tail = model(
         input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
         attention_mask=attention_mask[:, :-1],
-        cache=cache,
+        **with_cache(cache),
         use_cache=True,
     ).logits
     return torch.cat([head, tail], dim=1)

@@ -91,6 +91,24 @@ def test_probe_gate_stops_before_grpo_and_registers_nothing(tiny_config: Pipelin
     assert not client.search_model_versions(f"name = '{gated.tracking.registered_model_name}'")
 
 
+def test_pipeline_with_speedups_off_runs_stock_trl_and_transformers(tiny_config: PipelineConfig) -> None:
+    """The path GPU workers with vLLM take: TRL's own GRPOTrainer and SFTTrainer, transformers' generate."""
+    stock = PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "sft": {**tiny_config.sft.model_dump(), "speedups": "off"},
+            "grpo": {**tiny_config.grpo.model_dump(), "speedups": "off"},
+            "tracking": {**tiny_config.tracking.model_dump(), "registered_model_name": "tiny-stock"},
+        }
+    )
+    summary = pipeline(stock, "tiny-stock")
+    assert set(summary["stage_seconds"]) == STAGES and summary["promotion"]["version"] == "1"
+    stages = {r.data.tags["grpoflow.stage"]: r for r in _runs(stock, "tiny-stock") if "grpoflow.stage" in r.data.tags}
+    assert stages["grpo"].data.tags["grpo.trainer"] == "StockGRPOTrainer"
+    assert stages["grpo"].data.metrics["train_steps"] == stock.grpo.max_steps
+    assert summary["evaluation"]["models"]["grpo"]["n_samples"] == stock.evaluation.n_samples
+
+
 def test_dead_signal_stops_grpo_which_still_goes_to_evaluation_and_promotion(
     tiny_config: PipelineConfig, tmp_path: Path
 ) -> None:

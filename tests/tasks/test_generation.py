@@ -80,3 +80,17 @@ def test_same_seed_same_samples(tiny_model) -> None:  # noqa: ANN001
 
     first = draw()
     assert first == draw() and len({tuple(c) for c in first}) > 1  # reproducible, and the samples differ
+
+
+def test_stock_generation_gives_the_same_greedy_answers(tiny_model, tiny_model_dir: Path) -> None:  # noqa: ANN001
+    """``speedups: off`` samples with transformers' own ``generate``: the same texts when nothing is random."""
+    from tasks.generation import generate_completions
+    from tasks.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompts = ["12+30=", "what is 7 + 8?", "a"]
+    ours = generate_completions(tiny_model, tokenizer, prompts, greedy=True, max_new_tokens=8)
+    stock = generate_completions(tiny_model, tokenizer, prompts, greedy=True, max_new_tokens=8, stock=True)
+    assert stock == ours and all(len(texts) == 1 for texts in stock)
+    sampled = generate_completions(tiny_model, tokenizer, prompts, n=3, max_new_tokens=8, stock=True, batch_size=9)
+    assert [len(texts) for texts in sampled] == [3, 3, 3] and len({t for texts in sampled for t in texts}) > 3

@@ -60,6 +60,12 @@ def test_filter_replaces_uninformative_groups_and_retires_solved_prompts(
     assert saved.retired and all(key.strip() for key in saved.retired)
     assert (tmp_path / "grpo" / "checkpoints" / "checkpoint-2" / SIGNAL_STATE_FILE).is_file()
 
+    longer = load_config(Path("configs/tiny.yaml"), {**overrides, "grpo.max_steps": 6, "output_dir": str(tmp_path)})
+    resumed = _grpo(longer, tiny_split, tiny_model_dir, tmp_path / "grpo")  # resumes from checkpoint-4
+    after = [entry for entry in resumed.history if "signal/prompts_retired" in entry and entry["step"] > 4]
+    assert [entry["step"] for entry in after] == [5.0, 6.0]
+    assert after[0]["signal/prompts_retired"] >= len(saved.retired)  # the pool went on from the checkpoint's
+
 
 def test_without_the_filter_the_same_run_trains_on_dead_groups(
     tiny_config, tiny_split, tiny_model_dir, split_reward, tmp_path
