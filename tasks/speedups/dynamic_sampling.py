@@ -40,7 +40,7 @@ def prompt_key(prompt: Any) -> str:
     """A prompt's identity in the retirement pool (text, or a conversation as JSON).
 
     >>> prompt_key("2+2?"), prompt_key([{"role": "user", "content": "2+2?"}])
-    ('2+2?', '[{"role": "user", "content": "2+2?"}]')
+    ('2+2?', '[{"content": "2+2?", "role": "user"}]')
     """
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 

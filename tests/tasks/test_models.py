@@ -98,20 +98,29 @@ def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
 
 
 def test_packed_linear_layers_compute_what_autocast_linear_computes(tiny_model_dir: Path) -> None:
+    """bf16 packing where oneDNN has a bf16 path on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere bf16
+    falls back to the plain layers and fp32 packing is checked instead."""
+    import contextlib
+
     import torch
 
     from tasks.models import load_base_model
     from tasks.speedups.packing import PackedLinear, packed_for_inference, packing_available
 
-    assert packing_available(torch.bfloat16)  # this CPU build of torch has oneDNN
+    assert packing_available(torch.float32)  # this CPU build of torch has oneDNN
+    precision = "bf16" if packing_available(torch.bfloat16) else "fp32"
     model = load_base_model(tiny_model_dir).eval()
     inputs = torch.randint(3, 40, (3, 11))
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    with torch.no_grad(), autocast:
         expected = model(input_ids=inputs).logits
-        with packed_for_inference(model, "bf16"):
+        with packed_for_inference(model, precision):
             assert not any(type(m) is torch.nn.Linear for m in model.modules())
             assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
             packed = model(input_ids=inputs).logits
     assert torch.allclose(packed.float(), expected.float(), atol=1e-2), float((packed - expected).abs().max())
     assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears  # the originals are back
+    if precision == "fp32":  # no bf16 path here: asking for it leaves the plain layers
+        with torch.no_grad(), packed_for_inference(model, "bf16"):
+            assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears
