@@ -67,19 +67,6 @@ def test_filter_replaces_uninformative_groups_and_retires_solved_prompts(
     assert after[0]["signal/prompts_retired"] >= len(saved.retired)  # the pool went on from the checkpoint's
 
 
-def test_without_the_filter_the_same_run_trains_on_dead_groups(
-    tiny_config, tiny_split, tiny_model_dir, split_reward, tmp_path
-) -> None:
-    config = load_config(
-        Path("configs/tiny.yaml"),
-        {"rewards": [{"name": split_reward}], "grpo.max_steps": 3, "output_dir": str(tmp_path / "out")},
-    )
-    result = _grpo(config, tiny_split, tiny_model_dir, tmp_path / "grpo")
-    zero_std = [entry["frac_reward_zero_std"] for entry in result.history if "frac_reward_zero_std" in entry]
-    assert len(zero_std) == 3 and max(zero_std) > 0  # TRL's own path: solved prompts stay in the batch
-    assert not any("signal/informative_after" in entry for entry in result.history)
-
-
 def _logs(**values):
     return values
 
