@@ -224,13 +224,14 @@ def run_grpo(
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     pool = load_signal_state(resume_from, settings.dynamic_sampling.retire_after)
     signal_stop = SignalStop(settings.stop)
+    speedups = settings.speedups == "auto"
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
     trainer = trainer_class(
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
-        **({"precision": config.model.precision} if settings.speedups == "auto" else {}),
+        **({"precision": config.model.precision} if speedups else {}),
         model=model,
         reward_funcs=rewards,
         args=args,
@@ -250,7 +251,7 @@ def run_grpo(
             *callbacks,
         ],
     )
-    if settings.speedups == "auto":
+    if speedups:
         store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
     replay_history(resume_from, [recorder, signal_stop, *callbacks])
