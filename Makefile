@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # No Hub on this machine; telemetry and other runtime defaults are set by the package itself (tasks/__init__.py).
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install sandbox-deps demo test lint bench clean ui-check
+.PHONY: install sandbox-deps demo test lint bench clean ui-check lock-check
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# constraints.txt is one lock for every target: pip resolves `.[gpu,dev]` (vLLM) against it for Python 3.11 and
+# 3.12 on Linux x86-64, dry run, and every package it picks must be pinned (infra/lock_check.py).
+lock-check: install
+	timeout 1500 $(PY) infra/lock_check.py
 
 # A real browser on the real UIs after a tiny run (outside `make test`): Chromium from Debian's packages.
 ui-check: install

@@ -1,0 +1,122 @@
+"""Check that constraints.txt is one lock for every target: pip resolves grpoflow with its ``gpu`` extra (vLLM)
+and ``dev`` tools against it, for Linux x86-64 on Python 3.11 and 3.12, in dry-run mode (wheels only, nothing
+installed), and every package the resolution picks is pinned in it.
+
+    python infra/lock_check.py            # both Pythons; exit 1 on a conflict or an unpinned package
+    python infra/lock_check.py --python 3.12
+
+pip fetches metadata (and, for the few wheels without separate metadata, the wheel) from the index it is
+configured with. ``make lock-check`` runs this; ``.ci/run`` runs it after ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHONS = ("3.11", "3.12")
+KEY_PACKAGES = ("vllm", "trl", "transformers", "torch", "prefect")
+# The wheel tags a Linux x86-64 GPU worker accepts (Ubuntu 24.04: glibc 2.39).
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 40)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
+
+
+def canonical(name: str) -> str:
+    """A package name as pip compares it.
+
+    >>> canonical("Great_Expectations"), canonical("ruamel.yaml")
+    ('great-expectations', 'ruamel-yaml')
+    """
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pinned(constraints: str) -> dict[str, str]:
+    """``name == version`` lines of a constraints file, by canonical name.
+
+    >>> pinned("# lock\\nTorch==2.13.0\\nvllm==0.31.0  # why\\n")
+    {'torch': '2.13.0', 'vllm': '0.31.0'}
+    """
+    pins = {}
+    for line in constraints.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[canonical(name)] = version.strip()
+    return pins
+
+
+def requirements(pyproject: dict) -> list[str]:
+    """What a GPU worker installs (``.[gpu]``) plus the ``dev`` tools CI runs, from pyproject's tables."""
+    project = pyproject["project"]
+    extras = project.get("optional-dependencies", {})
+    return [*project["dependencies"], *extras.get("gpu", []), *extras.get("dev", [])]
+
+
+def unpinned(resolved: dict[str, str], pins: dict[str, str]) -> list[str]:
+    """Resolved packages the lock does not pin to the version picked (a local label such as ``+cpu`` aside).
+
+    >>> unpinned({"torch": "2.13.0+cpu", "six": "1.17.0"}, {"torch": "2.13.0"})
+    ['six 1.17.0']
+    """
+    return sorted(
+        f"{name} {version}" for name, version in resolved.items() if pins.get(name) != version.split("+", 1)[0]
+    )
+
+
+def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: float) -> dict[str, str]:
+    """pip's dry-run resolution for ``python`` on Linux x86-64; raises ``SystemExit`` with pip's own reason."""
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "report.json"
+        platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+        command = [
+            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            "--python-version", python, "--only-binary=:all:", *platforms,
+            "--report", str(report), "-c", str(constraints), "-r", str(requirement_file),
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"lock-check: pip did not resolve for Python {python} in {timeout_s:.0f} s") from None
+        if done.returncode != 0:
+            reasons = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
+            why = "\n".join(reasons[-12:])
+            raise SystemExit(f"lock-check: constraints.txt does not resolve for Python {python}:\n{why}")
+        installs = json.loads(report.read_text())["install"]
+    return {canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", action="append", choices=PYTHONS, help="check only this Python (repeatable)")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per Python version")
+    args = parser.parse_args(argv)
+    constraints = ROOT / "constraints.txt"
+    pins = pinned(constraints.read_text())
+    with tempfile.TemporaryDirectory() as scratch:
+        requirement_file = Path(scratch) / "requirements.txt"
+        requirement_file.write_text("\n".join(requirements(tomllib.loads((ROOT / "pyproject.toml").read_text()))))
+        for python in args.python or PYTHONS:
+            resolved = resolve(python, requirement_file, constraints, args.timeout_s)
+            loose = unpinned(resolved, pins)
+            if loose:
+                print(f"lock-check: Python {python} resolves packages constraints.txt does not pin: {', '.join(loose)}")
+                print("  add them (name==version) to constraints.txt, or re-resolve the lock (its header says how)")
+                return 1
+            key = ", ".join(f"{name} {resolved.get(name)}" for name in KEY_PACKAGES)
+            print(f"lock-check: Python {python}: {len(resolved)} packages resolve, all pinned ({key})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
