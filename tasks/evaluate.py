@@ -37,6 +37,7 @@ from tasks.reporting import publish_table, tracked_stage
 from tasks.rows import prompt_text
 from tasks.runs import Tracker
 from tasks.scoring import bootstrap_interval, paired_difference, pass_at_k, score_groups
+from tasks.speedups import speedups_on
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         "stats": stats,
         "precision": config.model.precision,
         "progress": lambda done, total: logger.info("evaluate %s: %d/%d prompts", spec.name, done, total),
-        "stock": config.grpo.speedups == "off",
+        "stock": not speedups_on(config.grpo.speedups),
     }
     greedy = generate_completions(model, tokenizer, prompts, greedy=True, seed=config.seed, **common)
     sampled = generate_completions(
@@ -180,7 +181,7 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
             precision=config.model.precision,
             model_key=model_key,
             base_key=None if spec.adapter_dir is None else base_key,
-            stock=config.grpo.speedups == "off",
+            stock=not speedups_on(config.grpo.speedups),
         )
     per_prompt_pass1 = (counts / settings.n_samples).tolist()
     samples = [

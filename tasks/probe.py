@@ -25,6 +25,7 @@ from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import publish_markdown, publish_table, tracked_stage
 from tasks.runs import Tracker
 from tasks.scoring import score_groups
+from tasks.speedups import speedups_on
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def run_probe(
         stats=stats,
         precision=config.model.precision,
         progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
-        stock=config.grpo.speedups == "off",
+        stock=not speedups_on(config.grpo.speedups),
     )
     scores = score_groups(config, rows, completions)
     result = summarize(label, rows, scores, config.probe.signal_from)

@@ -7,6 +7,7 @@ Must not import: Prefect, MLflow, the stages.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -17,6 +18,8 @@ from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_e
 from tasks.generation import sample_groups, with_cache
 from tasks.precision import resolve_dtype
 from tasks.speedups.merged_copy import MergedCopy
+
+logger = logging.getLogger(__name__)
 
 
 def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +91,25 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         self.generation_precision = precision
         self._generation_model: MergedCopy | None = None
         self._generation_model_step = -1
+        self._shared_prefill_agrees: bool | None = None  # checked against TRL's log-probs on the first batch
+
+    def _agrees_with_trl(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int) -> bool:
+        """Whether the shared-prefill log-probs match TRL's own on these rows (no gradient): a transformers or
+        TRL release that changes the cache or the positions shows here, and TRL's path is used from then on."""
+        with torch.no_grad():
+            theirs = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
+            with self.accelerator.autocast():
+                logits = completion_logits(model, input_ids, attention_mask, keep)
+            ours = selective_log_softmax(logits.float(), input_ids[:, -keep:], self.temperature)
+        kept = attention_mask[:, -keep:].bool()  # TRL zeroes padded completion positions; the loss never reads them
+        gap = (ours - theirs).abs()[kept].max().item() if kept.any() else 0.0
+        tolerance = 1e-3 if logits.dtype == torch.float32 else 0.1  # bf16 rounding differs between the two orders
+        if gap > tolerance or gap != gap:  # NaN too
+            logger.warning("shared prefill off: its log-probs differ from TRL's by up to %.3g (> %g); TRL's "
+                           "own loss path is used", gap, tolerance)  # fmt: skip
+            return False
+        logger.info("shared prefill checked against TRL's log-probs: max |difference| %.2g", gap)
+        return True
 
     def _get_per_token_logps_and_entropies(  # noqa: ANN202
         self,
@@ -103,12 +125,23 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         """Each group's prompt is encoded once (forward and backward) and its KV cache shared by the group's
         completions; then plain logits → log-softmax, as TRL's fused, tiled LM-head kernel has no CPU kernel and
         its pure-torch fallback is slower here than materializing the (small) completion logits."""
-        if compute_aux_loss or input_ids.is_cuda or any(v is not None for v in multimodal.values()):
+        # Several processes: DDP expects one forward per backward, and the shared prefill makes two.
+        several = self.accelerator.num_processes > 1
+        if compute_aux_loss or input_ids.is_cuda or several or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )  # fmt: skip
         chunk = batch_size or input_ids.size(0)  # TRL's chunking bounds the (rows × tokens × vocab) logits
+        if self._shared_prefill_agrees is None:
+            self._shared_prefill_agrees = self._agrees_with_trl(
+                model, input_ids[:chunk], attention_mask[:chunk], logits_to_keep
+            )
+        if not self._shared_prefill_agrees:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), chunk):
             ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]

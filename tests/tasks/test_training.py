@@ -145,6 +145,22 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
         unshared, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids[[0, 3]], attention[[0, 3]], 5)
     assert torch.allclose(chunked * attention[:, -5:], ours, atol=1e-5)  # TRL's batch_size chunking
     assert torch.allclose(unshared, ours[[0, 3]], atol=1e-5)  # two distinct prompts: one plain pass
+    assert trainer._shared_prefill_agrees is True  # checked against TRL's on the first batch
+
+    # A release that breaks the shared prefill's numbers (here: logits scaled) is caught on the first batch, and
+    # TRL's own path runs from then on.
+    import tasks.speedups.grpo_trainer as shared_prefill
+
+    trainer._shared_prefill_agrees = None
+    exact = shared_prefill.completion_logits
+    shared_prefill.completion_logits = lambda *args: exact(*args) * 1.5
+    try:
+        with torch.no_grad():
+            fallback, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
+    finally:
+        shared_prefill.completion_logits = exact
+    assert trainer._shared_prefill_agrees is False
+    assert torch.allclose(fallback * attention[:, -5:], theirs, atol=1e-5)
 
     prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
     completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)

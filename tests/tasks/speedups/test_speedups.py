@@ -1,0 +1,47 @@
+"""The speed-ups' one switch: ``auto`` runs them only on the releases they were checked on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import tasks.speedups as speedups
+
+
+def test_the_lock_is_inside_every_checked_range() -> None:
+    """The installed (locked) versions are ones the speed-ups were checked on, so ``auto`` turns them on."""
+    speedups._installed_outside_checked.cache_clear()
+    assert speedups._installed_outside_checked() == ()
+    assert speedups.speedups_on("auto") and not speedups.speedups_on("off")
+
+
+def test_an_unchecked_release_turns_them_off_with_one_log_line(monkeypatch, caplog) -> None:
+    """A TRL the speed-ups were not checked on: stock trainers and generation, said once in the log."""
+    from tasks.grpo import grpo_trainer_class
+
+    monkeypatch.setitem(speedups.CHECKED_ON, "trl", ("0.1", "0.2"))
+    speedups._installed_outside_checked.cache_clear()
+    grpo_trainer_class.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tasks.speedups"):
+            assert not speedups.speedups_on("auto") and not speedups.speedups_on("auto")
+            assert grpo_trainer_class("auto").__name__ == "StockGRPOTrainer"
+        lines = [r.getMessage() for r in caplog.records if r.name == "tasks.speedups"]
+        assert len(lines) == 1 and "trl 1.16" in lines[0] and "checked on >=0.1,<0.2" in lines[0]
+    finally:
+        speedups._installed_outside_checked.cache_clear()
+        grpo_trainer_class.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("installed", "outside"),
+    [
+        ({"torch": "2.13.0", "transformers": "5.17.0", "trl": "1.16.0", "peft": "0.21.2"}, []),
+        ({"torch": "2.14.0", "transformers": "5.17.0", "trl": "1.16.0", "peft": "0.21.2"}, ["torch"]),
+        ({"torch": "2.13.0", "transformers": "5.16.1", "trl": "1.17.0", "peft": "0.21.2"}, ["transformers", "trl"]),
+        ({"torch": "2.13.0", "transformers": "5.17.0", "trl": "1.16.0"}, ["peft"]),
+    ],
+)
+def test_outside_checked_names_each_package_out_of_range(installed, outside) -> None:
+    assert [line.split()[0] for line in speedups.outside_checked(installed)] == outside
