@@ -207,15 +207,6 @@ class GRPOSettings(_Strict):
             raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
         return self
 
-    @model_validator(mode="after")
-    def _batch_holds_whole_groups(self) -> GRPOSettings:
-        if self.batch_size % self.num_generations:
-            raise ValueError(
-                f"grpo.batch_size ({self.batch_size}) must be a multiple of grpo.num_generations "
-                f"({self.num_generations}): TRL counts completions, and each prompt needs a whole group"
-            )
-        return self
-
 
 class ProbeSettings(_Strict):
     enabled: bool = True
@@ -293,6 +284,20 @@ class OrchestrationSettings(_Strict):
         "instead of in-process; needs a tracking server both workers reach (tracking.tracking_uri).",
     )
     grpo_deployment_timeout_s: float | None = Field(None, gt=0, description="Give up waiting after this long.")
+    remote_checkpoints: str | None = Field(
+        None,
+        description="With grpo_deployment: a folder every GPU worker sees (e.g. a shared mount) for the remote "
+        "GRPO's checkpoints; default: the pipeline's MLflow run artifacts (handoff/grpo-checkpoints).",
+    )
+    num_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Train SFT and GRPO on this many processes (accelerate launch; batch sizes stay per process); "
+        "wins over accelerate_config's num_processes. Default: the accelerate file's count, else 1.",
+    )
+    accelerate_config: str | None = Field(
+        None, description="An accelerate config file for multi-process training (e.g. infra/accelerate/zero2.yaml)."
+    )
     promotion_lock_timeout_s: float = Field(1800, gt=0, description="Wait this long for another run's promotion.")
     promotion_lease_s: float = Field(
         30, gt=1, description="With a tracking server: the promotion lease a killed run leaves expires after this."
@@ -342,6 +347,37 @@ class PipelineConfig(_Strict):
         if not rewards:
             raise ValueError("rewards must name at least one reward function")
         return rewards
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> PipelineConfig:
+        processes, grpo = self.training_processes(), self.grpo
+        if (grpo.batch_size * processes) % grpo.num_generations:
+            across = f" × {processes} processes = {grpo.batch_size * processes}" if processes > 1 else ""
+            raise ValueError(
+                f"grpo.batch_size ({grpo.batch_size}, per process){across} must be a multiple of "
+                f"grpo.num_generations ({grpo.num_generations}): TRL counts completions, and each prompt needs a "
+                "whole group"
+            )
+        return self
+
+    def training_processes(self) -> int:
+        """How many processes SFT and GRPO train on: ``orchestration.num_processes``, else the accelerate config
+        file's ``num_processes``, else 1.
+
+        >>> PipelineConfig.model_validate({"orchestration": {"num_processes": 2}}).training_processes()
+        2
+        """
+        orchestration = self.orchestration
+        if orchestration.num_processes:
+            return orchestration.num_processes
+        if orchestration.accelerate_config:
+            try:
+                from_file = yaml.safe_load(Path(orchestration.accelerate_config).read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                return 1  # pre-flight names the unreadable file
+            if isinstance(from_file, dict) and isinstance(from_file.get("num_processes"), int):
+                return max(1, from_file["num_processes"])
+        return 1
 
     def resolved_tracking_uri(self) -> str:
         """The MLflow tracking URI: the configured one, else ``MLFLOW_TRACKING_URI`` (set on the stack's workers),
@@ -420,7 +456,8 @@ def _is_model_path(source: str, base: Path) -> bool:
 def anchor_paths(raw: dict[str, Any], base: Path) -> None:
     """Make the input paths of a raw config absolute against ``base``, in place: ``data.source`` (a file or
     folder), ``model.source`` (when written as a path), ``evaluation.general_corpus``/``general_questions`` and
-    ``rewards[].path``, ``canaries.file``. ``output_dir`` stays relative to the folder a command runs in.
+    ``rewards[].path``, ``canaries.file``, ``orchestration.accelerate_config``. ``output_dir`` stays relative to
+    the folder a command runs in.
 
     >>> raw = {"data": {"source": "rows.jsonl"}, "model": {"source": "Qwen/Qwen2.5-0.5B"}}
     >>> anchor_paths(raw, Path("/project/configs")); raw["data"]["source"], raw["model"]["source"]
@@ -448,6 +485,9 @@ def anchor_paths(raw: dict[str, Any], base: Path) -> None:
     canaries = raw.get("canaries")
     if isinstance(canaries, dict) and canaries.get("file"):
         canaries["file"] = anchored(canaries["file"])
+    orchestration = raw.get("orchestration")
+    if isinstance(orchestration, dict) and orchestration.get("accelerate_config"):
+        orchestration["accelerate_config"] = anchored(orchestration["accelerate_config"])
 
 
 def import_rewards(config: PipelineConfig, config_dir: Path | None, source: str) -> None:

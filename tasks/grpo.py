@@ -22,6 +22,7 @@ from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.errors import GateStop
 from tasks.handoff import handoff_download, handoff_upload
+from tasks.launch import train_on_processes
 from tasks.layout import (
     ADAPTER,
     CHECKPOINTS,
@@ -34,6 +35,7 @@ from tasks.learning_signal import SignalStateSaver, SignalStop, load_signal_stat
 from tasks.models import load_policy, load_tokenizer
 from tasks.reporting import tracked_stage
 from tasks.runs import Tracker
+from tasks.speedups import speedups_on
 from tasks.training import (
     MetricsHistory,
     MlflowTrainerCallback,
@@ -159,7 +161,8 @@ def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any
 @functools.cache
 def grpo_trainer_class(speedups: str) -> type:
     """The trainer GRPO runs: TRL's ``GRPOTrainer`` with the online difficulty filter (a feature: on with either
-    setting), over grpoflow's shared-prefill trainer with ``auto``, over TRL's own with ``off``.
+    setting), over grpoflow's shared-prefill trainer with ``auto`` (where ``speedups_on`` allows), over TRL's own
+    with ``off``.
 
     >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:3]]
     ['DynamicSamplingMixin', 'GRPOTrainer']
@@ -168,7 +171,7 @@ def grpo_trainer_class(speedups: str) -> type:
 
     from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
 
-    if speedups == "off":
+    if not speedups_on(speedups):
         return type("StockGRPOTrainer", (DynamicSamplingMixin, GRPOTrainer), {})
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
 
@@ -224,7 +227,7 @@ def run_grpo(
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     pool = load_signal_state(resume_from, settings.dynamic_sampling.retire_after)
     signal_stop = SignalStop(settings.stop)
-    speedups = settings.speedups == "auto"
+    speedups = speedups_on(settings.speedups)
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
     trainer = trainer_class(
@@ -284,16 +287,19 @@ def grpo_task(
                         "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__})  # fmt: skip
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
-        result = run_grpo(
-            config,
-            train_path,
-            base_model_dir,
-            sft_adapter_dir,
-            stage.dir,
-            [MlflowTrainerCallback(stage)],
-            keep_ids,
-            completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
-        )
+        if config.training_processes() > 1:
+            result = train_on_processes("grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids)
+        else:
+            result = run_grpo(
+                config,
+                train_path,
+                base_model_dir,
+                sft_adapter_dir,
+                stage.dir,
+                [MlflowTrainerCallback(stage)],
+                keep_ids,
+                completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
+            )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)

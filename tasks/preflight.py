@@ -69,6 +69,9 @@ def path_problems(config: PipelineConfig) -> list[str]:
             problems.append(f"evaluation.{key}: file not found: {value}")
     if config.canaries.file is not None and not Path(config.canaries.file).is_file():
         problems.append(f"canaries.file: file not found: {config.canaries.file}")
+    accelerate_file = config.orchestration.accelerate_config
+    if accelerate_file is not None and not Path(accelerate_file).is_file():
+        problems.append(f"orchestration.accelerate_config: file not found: {accelerate_file}")
     for index, spec in enumerate(config.rewards):
         if spec.path is not None and not Path(spec.path).is_dir():
             problems.append(f"rewards.{index}.path: folder not found: {spec.path}")

@@ -15,10 +15,12 @@ from prefect import task
 from tasks.caching import stage_cache_key
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
+from tasks.launch import train_on_processes
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.models import load_base_model, load_tokenizer
 from tasks.reporting import tracked_stage
 from tasks.runs import Tracker
+from tasks.speedups import speedups_on
 from tasks.training import (
     MetricsHistory,
     MlflowTrainerCallback,
@@ -79,7 +81,7 @@ def run_sft(
         peft_config=lora_config(config),
         callbacks=[recorder, *callbacks],
     )
-    speedups = config.sft.speedups == "auto"
+    speedups = speedups_on(config.sft.speedups)
     if speedups:
         store_frozen_in(trainer.model, config.model.precision)
     started = time.perf_counter()
@@ -95,6 +97,9 @@ def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_mo
     """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
     with tracked_stage(tracker, "sft") as stage:
         stage.log_params({f"sft.{k}": v for k, v in config.sft.model_dump().items()})
-        result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[MlflowTrainerCallback(stage)])
+        if config.training_processes() > 1:
+            result = train_on_processes("sft", config, stage, train_path, base_model_dir)
+        else:
+            result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[MlflowTrainerCallback(stage)])
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         return result

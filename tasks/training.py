@@ -102,6 +102,7 @@ def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_ste
         "data_seed": config.seed,
         "disable_tqdm": False,
         "dataloader_num_workers": 0,
+        "ddp_find_unused_parameters": False,  # on N processes: every LoRA weight takes part in every step
     }
 
 
@@ -202,15 +203,19 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
     from tasks.layout import publish_dir
 
     staging = adapter_dir.with_name(f".{adapter_dir.name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)
+    writes = trainer.is_world_process_zero()  # on N processes, rank 0 alone writes the adapter
+    if writes:
+        shutil.rmtree(staging, ignore_errors=True)
     if resume_from is not None and checkpoint_step(resume_from) >= max_steps:
-        staging.mkdir(parents=True)
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            shutil.copy2(resume_from / name, staging / name)
+        if writes:
+            staging.mkdir(parents=True)
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                shutil.copy2(resume_from / name, staging / name)
         steps = checkpoint_step(resume_from)
     else:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        trainer.save_model(str(staging))
+        trainer.save_model(str(staging))  # every rank calls it (ZeRO-3 gathers the weights); rank 0 writes
         steps = trainer.state.global_step
-    publish_dir(staging, adapter_dir)
+    if writes:
+        publish_dir(staging, adapter_dir)
     return steps
