@@ -1,5 +1,6 @@
 """The GRPO stage as its own flow, for a deployment on another work pool (a GPU worker): it shares no local
-path with the pipeline; inputs and the adapter travel through the MLflow artifact store. Its parameters are
+path with the pipeline; inputs and the adapter travel through the MLflow artifact store, and checkpoints go to
+``tasks.remote_checkpoints``'s store, so a new worker continues a killed one's training. Its parameters are
 ``tasks.layout.RemoteGrpoRequest``'s fields (the names the deployment in ``infra/prefect.yaml`` takes).
 Must not hold stage logic: it fetches inputs, calls the GRPO task, hands the adapter back."""
 
@@ -16,7 +17,8 @@ from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.grpo import grpo_task
 from tasks.handoff import handoff_download, handoff_upload
-from tasks.layout import HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, RemoteGrpoRequest
+from tasks.layout import CHECKPOINTS, HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, RemoteGrpoRequest
+from tasks.remote_checkpoints import clear, restore_newest, store_for
 from tasks.runs import Tracker
 
 
@@ -46,8 +48,15 @@ def grpo_remote_flow(
         )
         base_dir = resolve_model_task(settings.model.source, settings.model.revision)
         tracker = Tracker(tracking_uri, experiment_id, parent_run_id, run_id, workdir / run_id)
-        result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, set(keep_ids) if keep_ids else None)
+        # Checkpoints outlive this worker: a new one (a resume, a retry) continues from the newest.
+        where = {"remote_checkpoints": settings.orchestration.remote_checkpoints, "tracking_uri": tracking_uri,
+                 "parent_run_id": parent_run_id, "run_id": run_id}  # fmt: skip
+        store = store_for(where)
+        restore_newest(store, tracker.layout.stage_dir("grpo") / CHECKPOINTS)
+        keep = set(keep_ids) if keep_ids else None
+        result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, keep, checkpoint_store=where)
         handoff_upload(tracker, result.adapter_dir, HANDOFF_GRPO_ADAPTER)
+        clear(store)  # the adapter is handed back: its checkpoints are done with
         return {"steps": result.steps, "seconds": result.seconds, "worker_dir": str(workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -33,6 +33,7 @@ from tasks.layout import (
 )
 from tasks.learning_signal import SignalStateSaver, SignalStop, load_signal_state
 from tasks.models import load_policy, load_tokenizer
+from tasks.remote_checkpoints import CheckpointMirror, store_for
 from tasks.reporting import tracked_stage
 from tasks.runs import Tracker
 from tasks.speedups import speedups_on
@@ -279,8 +280,10 @@ def grpo_task(
     base_model_dir: Path,
     sft_adapter_dir: Path | None,
     keep_ids: set[str] | None = None,
+    checkpoint_store: dict[str, Any] | None = None,
 ) -> TrainResult:
-    """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step."""
+    """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step.
+    ``checkpoint_store`` (``tasks.remote_checkpoints.store_for``): each checkpoint is also copied there."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
         stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend),
@@ -288,15 +291,18 @@ def grpo_task(
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
         if config.training_processes() > 1:
-            result = train_on_processes("grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids)
+            result = train_on_processes(
+                "grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids, checkpoint_store
+            )
         else:
+            mirror = [CheckpointMirror(store_for(checkpoint_store))] if checkpoint_store else []
             result = run_grpo(
                 config,
                 train_path,
                 base_model_dir,
                 sft_adapter_dir,
                 stage.dir,
-                [MlflowTrainerCallback(stage)],
+                [MlflowTrainerCallback(stage), *mirror],
                 keep_ids,
                 completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
             )

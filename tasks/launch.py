@@ -51,6 +51,7 @@ class LaunchRequest:
     stage_run_id: str
     sft_adapter_dir: str | None = None
     keep_ids: list[str] | None = None
+    checkpoint_store: dict[str, Any] | None = None  # tasks.remote_checkpoints.store_for's spec (rank 0 copies)
 
 
 def accelerate_command(config: PipelineConfig, request_path: Path, cuda: bool | None = None) -> list[str]:
@@ -84,6 +85,7 @@ def train_on_processes(
     base_model_dir: Path,
     sft_adapter_dir: Path | None = None,
     keep_ids: set[str] | None = None,
+    checkpoint_store: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Run ``stage`` ("sft" | "grpo") on ``config.training_processes()`` processes and return rank 0's result.
     ``stage_run`` is the stage's ``tasks.runs.StageRun`` (rank 0 logs to it); its folder holds the checkpoints."""
@@ -103,6 +105,7 @@ def train_on_processes(
         stage_run_id=stage_run.run_id,
         sft_adapter_dir=str(sft_adapter_dir) if sft_adapter_dir else None,
         keep_ids=sorted(keep_ids) if keep_ids is not None else None,
+        checkpoint_store=checkpoint_store,
     )
     request_path = launch_dir / "request.json"
     request_path.write_text(json.dumps(asdict(request)))
@@ -178,6 +181,10 @@ def _rank_main(request_path: Path) -> None:
         stage_dir = Path(request.stage_dir)
         stage = StageRun(request.tracking_uri, request.stage_run_id, request.stage, stage_dir)
         callbacks = [MlflowTrainerCallback(stage)] if rank == 0 else []
+        if rank == 0 and request.checkpoint_store:
+            from tasks.remote_checkpoints import CheckpointMirror, store_for
+
+            callbacks.append(CheckpointMirror(store_for(request.checkpoint_store)))
         if request.stage == "sft":
             from tasks.sft import run_sft
 
