@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,22 @@ class RunLayout:
             )
         if not self.config_snapshot.exists():
             self.config_snapshot.write_text(config.model_dump_json(indent=2))
+        if not self.identity_path.exists():
+            self.identity_path.write_text(uuid.uuid4().hex)
+
+    @property
+    def identity_path(self) -> Path:
+        """A random id written once when the run folder is created: a resumed run keeps it, a deleted and
+        recreated folder (or another machine's folder of the same name) gets a new one, so Prefect's cache never
+        hands back a stage whose outputs are gone."""
+        return self.run_dir / ".run-identity"
+
+    def identity(self) -> str:
+        """The folder's id (empty before ``prepare``)."""
+        try:
+            return self.identity_path.read_text().strip()
+        except OSError:
+            return ""
 
 
 def command_dir(output_dir: Path, command: str) -> Path:

@@ -14,6 +14,8 @@ os.environ.update(
     {
         "HF_HUB_OFFLINE": "1",
         "PREFECT_HOME": str(_SESSION_DIR / "prefect"),
+        # Prefect 3.7 keeps task results (the stage cache) in ~/.prefect/storage whatever PREFECT_HOME says.
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(_SESSION_DIR / "prefect" / "storage"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         # Prefect's console handler logs "stopping temporary server" after pytest closed its streams.
         "PREFECT_LOGGING_LEVEL": "WARNING",
