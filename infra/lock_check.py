@@ -91,7 +91,7 @@ def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: f
         if done.returncode != 0:
             reasons = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
             why = "\n".join(reasons[-12:])
-            raise SystemExit(f"lock-check: constraints.txt does not resolve for Python {python}:\n{why}")
+            raise SystemExit(f"lock-check: {constraints.name} does not resolve for Python {python}:\n{why}")
         installs = json.loads(report.read_text())["install"]
     return {canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
 
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", choices=PYTHONS, help="check only this Python (repeatable)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per Python version")
+    parser.add_argument("--constraints", type=Path, default=ROOT / "constraints.txt", help="the lock to check")
     args = parser.parse_args(argv)
-    constraints = ROOT / "constraints.txt"
+    constraints = args.constraints.resolve()
     pins = pinned(constraints.read_text())
     with tempfile.TemporaryDirectory() as scratch:
         requirement_file = Path(scratch) / "requirements.txt"
