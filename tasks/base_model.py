@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
+from tasks.caching import prefect_task
 from tasks.sources import resolve_model_source
 
 
-@task(name="resolve-model", cache_policy=NO_CACHE)
+@prefect_task("resolve-model", cache="never")
 def resolve_model_task(source: str, revision: str | None = None) -> Path:
     """Prefect task: resolve the base model folder (converting or building it once)."""
     return resolve_model_source(source, revision)

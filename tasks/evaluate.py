@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.caching import stage_cache_key
+from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.forgetting import (
@@ -311,7 +309,7 @@ def lineup(
     return models
 
 
-@task(name="evaluate", cache_key_fn=stage_cache_key, persist_result=True)
+@prefect_task("evaluate", cache="stage")
 def evaluate_task(
     config: PipelineConfig, tracker: Tracker, holdout_path: Path, models: dict[str, ModelSpec]
 ) -> EvalResult:
@@ -378,7 +376,7 @@ def fetch_champion(config: PipelineConfig, download_dir: Path) -> ModelSpec | No
     return ModelSpec("champion", resolve_model_source(base), adapter_dir, str(version.version))
 
 
-@task(name="champion", cache_policy=NO_CACHE)
+@prefect_task("champion", cache="never")
 def champion_task(config: PipelineConfig, tracker: Tracker) -> ModelSpec | None:
     """Prefect wrapper: fetch the champion in its own MLflow stage run (retried like the other stages)."""
     with tracked_stage(tracker, "champion") as stage:

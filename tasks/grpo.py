@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prefect import task
 from transformers import TrainerCallback
 
 from reward_fns.registry import CORRECTNESS_REWARD, IsolatedReward, build_reward_functions, reward_columns
-from tasks.caching import stage_cache_key
+from tasks.caching import prefect_task
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.data import read_jsonl, render_prompt
 from tasks.errors import GateStop
@@ -272,7 +271,7 @@ def run_grpo(
     return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history, stop)
 
 
-@task(name="grpo", cache_key_fn=stage_cache_key, persist_result=True)
+@prefect_task("grpo", cache="stage")
 def grpo_task(
     config: PipelineConfig,
     tracker: Tracker,
@@ -323,7 +322,7 @@ def report_stop(stage: Any, run_id: str, verdict: dict[str, Any]) -> None:
     emit_pipeline_event("grpo-stopped", run_id, verdict)
 
 
-@task(name="grpo-deployment")
+@prefect_task("grpo-deployment")
 def remote_grpo_task(
     config: PipelineConfig,
     tracker: Tracker,

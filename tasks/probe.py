@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prefect import task
 
-from tasks.caching import stage_cache_key
+from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
 from tasks.data import read_jsonl, render_prompt, write_jsonl
 from tasks.errors import GateStop
@@ -226,7 +225,7 @@ def sample_completions(result: ProbeResult, limit: int = 3) -> list[str]:
     return [record["completion"] for record in read_jsonl(result.samples_path)[:limit]]
 
 
-@task(name="probe", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="probe-{label}")
+@prefect_task("probe", cache="stage", task_run_name="probe-{label}")
 def probe_task(
     config: PipelineConfig,
     tracker: Tracker,

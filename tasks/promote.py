@@ -17,9 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
+from tasks.caching import prefect_task
 from tasks.champions import apply_promotion
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
@@ -216,7 +214,7 @@ def lineage(config: PipelineConfig, tracker: Tracker, data_fingerprint: str) -> 
     }
 
 
-@task(name="promote", cache_policy=NO_CACHE)
+@prefect_task("promote", cache="never")
 def promote_task(
     config: PipelineConfig,
     tracker: Tracker,

@@ -10,9 +10,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
-from tasks.caching import stage_cache_key
+from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
 from tasks.data import answer_completion, read_jsonl, render_prompt
 from tasks.launch import train_on_processes
@@ -92,7 +90,7 @@ def run_sft(
     return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history)
 
 
-@task(name="sft", cache_key_fn=stage_cache_key, persist_result=True)
+@prefect_task("sft", cache="stage")
 def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_model_dir: Path) -> TrainResult:
     """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
     with tracked_stage(tracker, "sft") as stage:

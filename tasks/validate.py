@@ -12,9 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
-from tasks.caching import stage_cache_key
+from tasks.caching import prefect_task
 from tasks.config import DataSettings, PipelineConfig
 from tasks.data import _Unreadable, load_rows, write_jsonl
 from tasks.errors import GateStop, UserError
@@ -227,7 +225,7 @@ def enforce_limits(result: ValidateResult, config: PipelineConfig) -> None:
         )
 
 
-@task(name="validate", cache_key_fn=stage_cache_key, persist_result=True)
+@prefect_task("validate", cache="stage")
 def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
     """Prefect wrapper: run the stage in its MLflow run, log counts and files, publish a summary artifact."""
     with tracked_stage(tracker, "validate") as stage:
