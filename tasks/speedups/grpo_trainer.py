@@ -8,6 +8,7 @@ Must not import: Prefect, MLflow, the stages.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -161,9 +162,13 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001, ANN202
         if self.use_vllm or images is not None or multimodal_fields or self.accelerator.num_processes > 1:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            # TRL's own generation. With transformers it runs the policy itself, whose frozen weights may be stored
+            # in bf16 (speedups.frozen): under the trainer's autocast, as its training forward is (vLLM samples
+            # from its own copy of the weights).
+            with nullcontext() if self.use_vllm else self.accelerator.autocast():
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         if self._generation_model_step != self.state.global_step:  # the weights changed since the last copy
             with profiling_context(self, "merge_for_generation"):
                 if self._generation_model is None:

@@ -19,6 +19,8 @@ def _two_processes(tiny_config: PipelineConfig, name: str, **changes) -> Pipelin
     raw["orchestration"] = {**raw["orchestration"], "num_processes": 2}
     raw["grpo"] = {**raw["grpo"], "batch_size": 4}  # per process: 2 × 4 completions = two groups of 4 per step
     raw["tracking"] = {**raw["tracking"], "registered_model_name": name}
+    # bf16 on any CPU: frozen weights stored in bf16 meet TRL's own generation, which several processes use.
+    raw["model"] = {**raw["model"], "precision": "bf16"}
     return PipelineConfig.model_validate({**raw, **changes})
 
 
