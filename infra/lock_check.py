@@ -74,13 +74,30 @@ def unpinned(resolved: dict[str, str], pins: dict[str, str]) -> list[str]:
     )
 
 
+def failure_reasons(stdout: str, stderr: str) -> list[str]:
+    """What to show of a failed resolution: pip's errors and, for a conflict, its "caused by" lines (which name
+    each package's requirement on the one in conflict; pip prints them on stdout, not stderr).
+
+    >>> out = "Collecting x\\nThe conflict is caused by:\\n    vllm 0.31.0 depends on transformers<5.18.0\\n\\nTo fix"
+    >>> failure_reasons(out, "WARNING: Location 'x' is ignored\\nERROR: ResolutionImpossible")
+    ['ERROR: ResolutionImpossible', 'The conflict is caused by:', '    vllm 0.31.0 depends on transformers<5.18.0']
+    """
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("The conflict is caused by")), None)
+    if start is None:
+        return errors or [line for line in stderr.splitlines() if line.strip() and "Location" not in line][-12:]
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip()), len(lines))
+    return [*errors, *lines[start:end]]
+
+
 def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: float) -> dict[str, str]:
     """pip's dry-run resolution for ``python`` on Linux x86-64; raises ``SystemExit`` with pip's own reason."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
         command = [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--progress-bar", "off",
             "--python-version", python, "--only-binary=:all:", *platforms,
             "--report", str(report), "-c", str(constraints), "-r", str(requirement_file),
         ]  # fmt: skip
@@ -89,8 +106,7 @@ def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: f
         except subprocess.TimeoutExpired:
             raise SystemExit(f"lock-check: pip did not resolve for Python {python} in {timeout_s:.0f} s") from None
         if done.returncode != 0:
-            reasons = [line for line in done.stderr.splitlines() if line.strip() and "Location" not in line]
-            why = "\n".join(reasons[-12:])
+            why = "\n".join(failure_reasons(done.stdout, done.stderr))
             raise SystemExit(f"lock-check: {constraints.name} does not resolve for Python {python}:\n{why}")
         installs = json.loads(report.read_text())["install"]
     return {canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
