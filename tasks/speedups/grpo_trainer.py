@@ -96,20 +96,33 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
 
     def _agrees_with_trl(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int) -> bool:
         """Whether the shared-prefill log-probs match TRL's own on these rows (no gradient): a transformers or
-        TRL release that changes the cache or the positions shows here, and TRL's path is used from then on."""
-        with torch.no_grad():
-            theirs = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
-            with self.accelerator.autocast():
+        TRL release that changes the cache or the positions shows here, and TRL's path is used from then on.
+
+        Both run in fp32 whatever the training precision (frozen weights upcast, which is exact; autocast off, TRL's
+        own too): in bf16 any two evaluation orders of a real model differ by rounding alone by tenths of a nat
+        (SmolLM2: up to 0.46 from fp32 for either path, 0.37 between them), which no tolerance tells from a bug.
+        """
+        from accelerate.utils import AutocastKwargs
+
+        from tasks.speedups.frozen import frozen_in_fp32
+
+        handler = self.accelerator.autocast_handler
+        self.accelerator.autocast_handler = AutocastKwargs(enabled=False)  # TRL's path enters accelerator.autocast
+        try:
+            with torch.no_grad(), frozen_in_fp32(model), torch.autocast(input_ids.device.type, enabled=False):
+                theirs = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
                 logits = completion_logits(model, input_ids, attention_mask, keep)
-            ours = selective_log_softmax(logits.float(), input_ids[:, -keep:], self.temperature)
+        finally:
+            self.accelerator.autocast_handler = handler
+        ours = selective_log_softmax(logits.float(), input_ids[:, -keep:], self.temperature)
         kept = attention_mask[:, -keep:].bool()  # TRL zeroes padded completion positions; the loss never reads them
         gap = (ours - theirs).abs()[kept].max().item() if kept.any() else 0.0
-        tolerance = 1e-3 if logits.dtype == torch.float32 else 0.1  # bf16 rounding differs between the two orders
+        tolerance = 1e-3
         if gap > tolerance or gap != gap:  # NaN too
-            logger.warning("shared prefill off: its log-probs differ from TRL's by up to %.3g (> %g); TRL's "
-                           "own loss path is used", gap, tolerance)  # fmt: skip
+            logger.warning("shared prefill off: its log-probs differ from TRL's by up to %.3g (> %g, both in fp32); "
+                           "TRL's own loss path is used", gap, tolerance)  # fmt: skip
             return False
-        logger.info("shared prefill checked against TRL's log-probs: max |difference| %.2g", gap)
+        logger.info("shared prefill checked against TRL's log-probs (fp32): max |difference| %.2g", gap)
         return True
 
     def _get_per_token_logps_and_entropies(  # noqa: ANN202

@@ -82,10 +82,8 @@ def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) 
     assert json_schema(completions=["{}", "{}"], schema=[e["schema"] for e in examples]) == [1.0, 0.0]
 
 
-def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path) -> None:
-    """The trainer's two replacements agree with TRL's own: log-probs (plain log-softmax vs TRL's fused LM head)
-    and generation (one prefill per group, in order, each completion cut after its first EOS)."""
-    import torch
+def _shared_prefill_trainer(precision, tiny_config, tiny_split, tiny_model_dir, adapter, out):  # noqa: ANN001, ANN202
+    """grpoflow's GRPO trainer on the tiny policy, as the GRPO stage builds it for ``precision``."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -93,20 +91,20 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
     from tasks.data import read_jsonl
     from tasks.grpo import grpo_examples
     from tasks.models import load_policy, load_tokenizer
+    from tasks.speedups.frozen import store_frozen_in
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
     from tasks.training import common_trainer_args
 
     tokenizer = load_tokenizer(tiny_model_dir)
     rows = read_jsonl(tiny_split.train_path)[:4]
     rewards, _ = build_reward_functions(tiny_config.rewards)
-    # fp32, so that the comparison is exact up to summation order (bf16 autocast would round both paths).
-    fp32 = tiny_config.model_copy(update={"model": tiny_config.model.model_copy(update={"precision": "fp32"})})
+    config = tiny_config.model_copy(update={"model": tiny_config.model.model_copy(update={"precision": precision})})
     trainer = SharedPrefillGRPOTrainer(
-        precision="fp32",
-        model=load_policy(tiny_model_dir, tiny_adapter, trainable=True),
+        precision=precision,
+        model=load_policy(tiny_model_dir, adapter, trainable=True),
         reward_funcs=rewards,
         args=GRPOConfig(
-            **common_trainer_args(fp32, tmp_path / "out"),
+            **common_trainer_args(config, out),
             per_device_train_batch_size=8,
             num_generations=4,
             max_completion_length=6,
@@ -115,14 +113,34 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
         train_dataset=Dataset.from_list(grpo_examples(rows, tokenizer, tiny_config)),
         processing_class=tokenizer,
     )
-    model = trainer.model
-    # A GRPO batch as TRL shuffles it: two prompts (one left-padded) of three samples each, completions
-    # right-padded.
+    store_frozen_in(trainer.model, precision)
+    return trainer
+
+
+def _shuffled_batch():  # noqa: ANN202
+    """A GRPO batch as TRL shuffles it: two prompts (one left-padded) of three samples each, completions
+    right-padded."""
+    import torch
+
     prompts = torch.randint(3, 40, (2, 7))[[0, 1, 0, 1, 1, 0]]
     input_ids = torch.cat([prompts, torch.randint(3, 40, (6, 5))], dim=1)
     attention = torch.ones_like(input_ids)
     attention[[0, 2, 5], :4] = 0  # left padding of the first prompt
     attention[1, -2:] = 0  # a completion that ended early
+    return input_ids, attention
+
+
+def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path) -> None:
+    """The trainer's two replacements agree with TRL's own: log-probs (plain log-softmax vs TRL's fused LM head)
+    and generation (one prefill per group, in order, each completion cut after its first EOS)."""
+    import torch
+
+    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
+
+    # fp32, so that the comparison is exact up to summation order (bf16 autocast would round both paths).
+    trainer = _shared_prefill_trainer("fp32", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "out")
+    input_ids, attention = _shuffled_batch()
+    model = trainer.model
     lora = [p for n, p in model.named_parameters() if "lora_" in n]
 
     def logps_and_grads(compute):  # noqa: ANN001, ANN202
@@ -168,6 +186,47 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
     assert all(0 < len(c) <= 6 for c in completions)
     eos = set(trainer.eos_token_ids)
     assert all(token not in eos for c in completions for token in c[:-1])  # cut after the first EOS
+
+
+def test_shared_prefill_check_tells_a_bug_from_bf16_rounding(
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path
+) -> None:
+    """In bf16 the two paths round differently by tenths of a nat on a real model (SmolLM2: up to 0.37 between
+    them, 0.46 from fp32), past any bf16 tolerance. The first-batch check therefore runs both in fp32 (the frozen
+    weights upcast and autocast off, TRL's own autocast too): rounding keeps the speed-up on, a real break still
+    turns it off, and the frozen weights stay stored in bf16."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    import tasks.speedups.grpo_trainer as shared_prefill
+    from tasks.speedups.frozen import _frozen_weights
+
+    trainer = _shared_prefill_trainer("bf16", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "out")
+    model = trainer.model
+    layer = next(module for module in model.modules() if isinstance(module, LoraLayer)).base_layer
+    seen: list[tuple[bool, torch.dtype]] = []
+    layer.register_forward_pre_hook(
+        lambda module, _: seen.append((torch.is_autocast_enabled("cpu"), module.weight.dtype))
+    )
+    input_ids, attention = _shuffled_batch()
+
+    with trainer.accelerator.autocast():  # as in a training step
+        assert trainer._agrees_with_trl(model, input_ids, attention, 5) is True
+    assert len(seen) >= 2 and set(seen) == {(False, torch.float32)}  # both paths, both in fp32
+    assert {weight.dtype for weight in _frozen_weights(model)} == {torch.bfloat16}
+    seen.clear()
+    trainer._shared_prefill_agrees = True  # as after the first batch
+    with torch.no_grad(), trainer.accelerator.autocast():
+        trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
+    assert set(seen) == {(True, torch.bfloat16)}  # training itself still runs in bf16
+
+    exact = shared_prefill.completion_logits
+    shared_prefill.completion_logits = lambda *args: exact(*args) * 1.5
+    try:
+        with trainer.accelerator.autocast():
+            assert trainer._agrees_with_trl(model, input_ids, attention, 5) is False
+    finally:
+        shared_prefill.completion_logits = exact
 
 
 def test_scoring_only_labelled_positions_keeps_the_sft_loss(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
