@@ -101,17 +101,21 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         Both run in fp32 whatever the training precision (frozen weights upcast, which is exact; autocast off, TRL's
         own too): in bf16 any two evaluation orders of a real model differ by rounding alone by tenths of a nat
         (SmolLM2: up to 0.46 from fp32 for either path, 0.37 between them), which no tolerance tells from a bug.
+        They run on the PEFT model's base model (where TRL puts its fused LM head): the prepared model's own
+        forward carries accelerate's autocast, which no outer context turns off.
         """
         from accelerate.utils import AutocastKwargs
 
         from tasks.speedups.frozen import frozen_in_fp32
 
+        inner = self.accelerator.unwrap_model(model)
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
         handler = self.accelerator.autocast_handler
         self.accelerator.autocast_handler = AutocastKwargs(enabled=False)  # TRL's path enters accelerator.autocast
         try:
-            with torch.no_grad(), frozen_in_fp32(model), torch.autocast(input_ids.device.type, enabled=False):
-                theirs = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
-                logits = completion_logits(model, input_ids, attention_mask, keep)
+            with torch.no_grad(), frozen_in_fp32(inner), torch.autocast(input_ids.device.type, enabled=False):
+                theirs = super()._get_per_token_logps_and_entropies(inner, input_ids, attention_mask, keep)[0]
+                logits = completion_logits(inner, input_ids, attention_mask, keep)
         finally:
             self.accelerator.autocast_handler = handler
         ours = selective_log_softmax(logits.float(), input_ids[:, -keep:], self.temperature)

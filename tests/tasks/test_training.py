@@ -194,7 +194,8 @@ def test_shared_prefill_check_tells_a_bug_from_bf16_rounding(
     """In bf16 the two paths round differently by tenths of a nat on a real model (SmolLM2: up to 0.37 between
     them, 0.46 from fp32), past any bf16 tolerance. The first-batch check therefore runs both in fp32 (the frozen
     weights upcast and autocast off, TRL's own autocast too): rounding keeps the speed-up on, a real break still
-    turns it off, and the frozen weights stay stored in bf16."""
+    turns it off, and the frozen weights stay stored in bf16. The model is prepared by accelerate as in training,
+    whose forward wraps its own autocast."""
     import torch
     from peft.tuners.lora import LoraLayer
 
@@ -202,7 +203,7 @@ def test_shared_prefill_check_tells_a_bug_from_bf16_rounding(
     from tasks.speedups.frozen import _frozen_weights
 
     trainer = _shared_prefill_trainer("bf16", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "out")
-    model = trainer.model
+    model = trainer.accelerator.prepare_model(trainer.model)  # as in training: its forward carries bf16 autocast
     layer = next(module for module in model.modules() if isinstance(module, LoraLayer)).base_layer
     seen: list[tuple[bool, torch.dtype]] = []
     layer.register_forward_pre_hook(
