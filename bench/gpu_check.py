@@ -61,19 +61,25 @@ WHEELS = (
     "referencing",
     "rpds-py",
 )
-PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
+
+
+def lock_check() -> Any:
+    """``infra/lock_check.py``: how the lock is read, and the wheel platforms a GPU worker accepts."""
+    if str(ROOT / "infra") not in sys.path:
+        sys.path.insert(0, str(ROOT / "infra"))
+    import lock_check as module
+
+    return module
 
 
 def lock_versions(names: tuple[str, ...]) -> list[str]:
     """``name==version`` for each name, from constraints.txt (the one lock)."""
-    sys.path.insert(0, str(ROOT / "infra"))
-    from lock_check import canonical, pinned
-
-    pins = pinned((ROOT / "constraints.txt").read_text())
-    missing = [name for name in names if canonical(name) not in pins]
+    lock = lock_check()
+    pins = lock.pinned((ROOT / "constraints.txt").read_text())
+    missing = [name for name in names if lock.canonical(name) not in pins]
     if missing:
         raise SystemExit(f"gpu-check: constraints.txt pins no version of {', '.join(missing)}")
-    return [f"{name}=={pins[canonical(name)]}" for name in names]
+    return [f"{name}=={pins[lock.canonical(name)]}" for name in names]
 
 
 def folder_mib(path: Path) -> float:
@@ -86,7 +92,7 @@ def make_bundle(bundle: Path, python_version: str, max_mib: float) -> int:
 
     shutil.rmtree(bundle, ignore_errors=True)
     wheels = bundle / WHEELS_DIR
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    platforms = [arg for platform in lock_check().PLATFORMS for arg in ("--platform", platform)]
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
         "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels),
@@ -279,7 +285,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
             "max_new_tokens": args.gen_tokens,
             "batch_size": args.gen_batch,
             "precision": config.model.precision,
-            "stock": not speedups_on(config.grpo.speedups),
+            "stock": not report["speedups"]["on"],
         }
         generate_completions(policy, tokenizer, prompts[: max(1, args.gen_batch // args.gen_samples)], **options)
         if torch.cuda.is_available():
