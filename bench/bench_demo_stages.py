@@ -9,7 +9,7 @@ import json
 import sys
 
 from tasks.config import load_config
-from tasks.runs import RUN_ID_TAG, STAGE_TAG, client_for
+from tasks.tracking import RUN_ID_TAG, STAGE_TAG, client_for
 
 
 def main() -> None:

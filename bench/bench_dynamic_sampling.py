@@ -28,11 +28,11 @@ from transformers import TrainerCallback  # noqa: E402
 
 import tasks  # noqa: E402,F401  (environment defaults)
 from tasks.config import load_config  # noqa: E402
-from tasks.data import read_jsonl  # noqa: E402
 from tasks.evaluate import ModelSpec, compare, score_model  # noqa: E402
 from tasks.grpo import run_grpo  # noqa: E402
+from tasks.inputs import read_jsonl  # noqa: E402
+from tasks.models import resolve_model_source  # noqa: E402
 from tasks.sft import run_sft  # noqa: E402
-from tasks.sources import resolve_model_source  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
 

@@ -16,10 +16,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from tasks.config import ArithmeticSettings  # noqa: E402
-from tasks.data import arithmetic_rows, render_prompt  # noqa: E402
-from tasks.generation import GenerationStats, generate_completions  # noqa: E402
-from tasks.models import load_base_model, load_tokenizer  # noqa: E402
-from tasks.sources import SMOLLM2, resolve_model_source  # noqa: E402
+from tasks.inputs import arithmetic_rows, render_prompt  # noqa: E402
+from tasks.models import (  # noqa: E402  # noqa: E402  # noqa: E402
+    SMOLLM2,
+    GenerationStats,
+    generate_completions,
+    load_base_model,
+    load_tokenizer,
+    resolve_model_source,
+)
 
 PROMPTS, SAMPLES, NEW_TOKENS = 32, 8, 16
 

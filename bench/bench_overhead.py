@@ -25,9 +25,12 @@ from reward_fns.registry import build_reward_functions  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.grpo import grpo_examples, grpo_task, run_grpo  # noqa: E402
 from tasks.layout import RunLayout  # noqa: E402
-from tasks.models import load_policy, load_tokenizer  # noqa: E402
-from tasks.runs import finish_pipeline, start_pipeline  # noqa: E402
-from tasks.sources import resolve_model_source  # noqa: E402
+from tasks.models import (  # noqa: E402
+    load_policy,
+    load_tokenizer,
+    resolve_model_source,  # noqa: E402
+)
+from tasks.tracking import finish_pipeline, start_pipeline  # noqa: E402
 from tasks.training import common_trainer_args, lora_config  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
@@ -37,7 +40,7 @@ def plain_trl(config, train_path: Path, base: Path, out: Path) -> tuple[float, l
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from tasks.data import read_jsonl
+    from tasks.inputs import read_jsonl
 
     started = time.perf_counter()
     tokenizer = load_tokenizer(base)

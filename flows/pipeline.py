@@ -15,14 +15,20 @@ from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop, UserError
 from tasks.evaluate import champion_task, evaluate_task, lineup
-from tasks.events import announce_skipped, runs_closed_on_termination
 from tasks.grpo import grpo_task_for
 from tasks.layout import RunLayout, write_atomically
 from tasks.preflight import preflight
 from tasks.probe import NoLearningSignal, probe_task, prompts_to_keep
 from tasks.promote import promote_task
-from tasks.runs import close_pipeline, last_completed_run, start_pipeline, tag_data_fingerprint
 from tasks.sft import sft_task
+from tasks.tracking import (
+    announce_skipped,
+    close_pipeline,
+    last_completed_run,
+    runs_closed_on_termination,
+    start_pipeline,
+    tag_data_fingerprint,
+)
 from tasks.validate import validate_task
 
 

@@ -1,6 +1,6 @@
 """The GRPO stage as its own flow, for a deployment on another work pool (a GPU worker): it shares no local
 path with the pipeline; inputs and the adapter travel through the MLflow artifact store, and checkpoints go to
-``tasks.remote_checkpoints``'s store, so a new worker continues a killed one's training. Its parameters are
+``tasks.training.remote_checkpoints``'s store, so a new worker continues a killed one's training. Its parameters are
 ``tasks.layout.RemoteGrpoRequest``'s fields (the names the deployment in ``infra/prefect.yaml`` takes).
 Must not hold stage logic: it fetches inputs, calls the GRPO task, hands the adapter back."""
 
@@ -16,10 +16,9 @@ from prefect import flow
 from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.grpo import grpo_task
-from tasks.handoff import handoff_download, handoff_upload
 from tasks.layout import CHECKPOINTS, HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, RemoteGrpoRequest
-from tasks.remote_checkpoints import clear, restore_newest, store_for
-from tasks.runs import Tracker
+from tasks.tracking import Tracker, handoff_download, handoff_upload
+from tasks.training import clear, restore_newest, store_for
 
 
 @flow(name="grpoflow-grpo", flow_run_name="{run_id}-grpo", validate_parameters=False)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.champions import rollback_champion
-from tasks.locks import promotion_lock
-from tasks.registry import client_for
+from tasks.registry import client_for, promotion_lock, rollback_champion
 
 
 @flow(name="grpoflow-rollback", flow_run_name="rollback-{name}")

@@ -202,7 +202,7 @@ def start_services(
 
 
 def _up_state_file() -> Path:
-    from tasks.sources import cache_dir
+    from tasks.models import cache_dir
 
     return cache_dir() / "up.json"
 

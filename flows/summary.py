@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tasks.forgetting_stats import describe
+from tasks.evaluation import describe
 
 console = Console()
 

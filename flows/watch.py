@@ -13,8 +13,7 @@ from typing import Any
 from prefect import flow
 
 from tasks.config import PipelineConfig, load_config
-from tasks.events import emit_champion_event
-from tasks.reporting import publish_markdown
+from tasks.tracking import emit_champion_event, publish_markdown
 from tasks.watch import WatchReport, record_watch_run, run_watch
 
 logger = logging.getLogger(__name__)

@@ -1,11 +1,20 @@
-"""Pipeline stages: plain functions plus thin Prefect task wrappers, and the shared pieces below them.
+"""Pipeline stages: plain functions plus thin Prefect task wrappers (one module per stage here), and the packages
+below them (``config``, ``inputs``, ``models``, ``training``, ``evaluation``, ``tracking``, ``registry``,
+``speedups``), each importable from its package surface.
 
 Importing the package sets the process's environment defaults, before Prefect, MLflow or transformers load:
 this is the one place they are written (``flows.services`` hands the same ones to the servers it starts).
 """
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
+import types
+from typing import Any
 
 # The network may be closed and users' data is theirs: no telemetry unless a user turns it back on.
 TELEMETRY_OFF = {
@@ -32,3 +41,61 @@ for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
 for _package in ("tasks", "reward_fns", "flows"):
     if logging.getLogger(_package).level == logging.NOTSET:
         logging.getLogger(_package).setLevel(logging.INFO)
+
+
+def lazy_surface(package: str, exports: dict[str, str]) -> tuple[Any, Any, list[str]]:
+    """A package's public surface, loaded on first use (as TRL's ``_LazyModule``): ``exports`` maps each public
+    name to the module behind the package that defines it. Importing the package imports none of them, so a name
+    costs only its own module's imports, and the files behind a package can move without breaking callers.
+
+    >>> getattr_, dir_, all_ = lazy_surface("tasks.tracking", {"client_for": "runs"})
+    >>> getattr_("client_for").__module__, all_
+    ('tasks.tracking.runs', ['client_for'])
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *exports})
+
+    return __getattr__, __dir__, sorted(exports)
+
+
+# Compatibility, not rooms: module paths that persisted objects still name. A registered version's stored loader
+# (``tasks/registry/pyfunc_adapter.py`` as it was when the version was registered) imports ``tasks.data``,
+# ``tasks.sources``, ``tasks.generation`` and ``tasks.packaging``; Prefect's pickled stage results name
+# ``tasks.forgetting.GeneralAbility``. (``tasks.models``, ``tasks.training``, ``tasks.config`` and
+# ``tasks.registry`` are packages now whose surfaces keep the old modules' names.)
+MOVED_MODULES = {
+    "tasks.data": "tasks.inputs.loading",
+    "tasks.sources": "tasks.models.sources",
+    "tasks.generation": "tasks.models.generation",
+    "tasks.packaging": "tasks.registry.packaging",
+    "tasks.forgetting": "tasks.evaluation.forgetting",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import tasks.data`` gives the module it moved to (the same module object, not a copy)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = importlib.import_module(MOVED_MODULES[spec.name])
+        self._own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The import system stamped the alias's spec on the real module: give it back its own.
+        module.__spec__ = self._own_spec
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())

@@ -17,25 +17,27 @@ from typing import Any
 
 import numpy as np
 
-from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
-from tasks.data import read_jsonl, render_prompt
-from tasks.forgetting import (
+from tasks.evaluation import (
     DEFAULT_CORPUS,
     DEFAULT_QUESTIONS,
     GeneralAbility,
+    bootstrap_interval,
+    evaluation_table,
     fingerprint,
+    forgetting,
+    forgetting_metrics,
     general_ability,
-    load_questions,
+    general_questions_trained_on,
+    paired_difference,
+    pass_at_k,
+    pass_at_k_curve,
+    score_groups,
 )
-from tasks.forgetting_stats import forgetting, forgetting_metrics, overlapping_questions
-from tasks.generation import GenerationStats, generate_completions
-from tasks.models import load_policy, load_tokenizer
-from tasks.reporting import publish_table, tracked_stage
-from tasks.rows import prompt_text
-from tasks.runs import Tracker
-from tasks.scoring import bootstrap_interval, paired_difference, pass_at_k, score_groups
+from tasks.inputs import prompt_text, read_jsonl, render_prompt
+from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer
 from tasks.speedups import speedups_on
+from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage
 
 logger = logging.getLogger(__name__)
 
@@ -212,25 +214,6 @@ def compare(config: PipelineConfig, candidate: ModelScores, reference: ModelScor
     )
 
 
-def _curve(scores: dict[str, ModelScores], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(5, 3.5))
-    for name, score in scores.items():
-        ks = sorted(score.pass_at_k)
-        axes.plot(ks, [score.pass_at_k[k] for k in ks], marker="o", label=name)
-    axes.set(xlabel="k", ylabel="pass@k", title="hold-out pass@k", ylim=(0, 1.02), xscale="log", xticks=ks)
-    axes.set_xticklabels([str(k) for k in ks])
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
 def run_evaluate(
     config: PipelineConfig, holdout_path: Path, models: Mapping[str, ModelSpec], stage_dir: Path
 ) -> EvalResult:
@@ -241,22 +224,7 @@ def run_evaluate(
         raise ValueError(f"evaluation takes models by role {ROLES} (base and candidate required), got {sorted(models)}")
     rows = holdout_rows(config, holdout_path)
     scores = {role: score_model(config, models[role], rows) for role in ROLES if role in models}
-    return compare_roles(config, scores, stage_dir, general_questions_trained_on(config, holdout_path))
-
-
-def general_questions_trained_on(config: PipelineConfig, holdout_path: Path) -> set[str]:
-    """Ids of the general questions that occur in the training split (``train.jsonl`` beside the hold-out
-    file): the forgetting statistics leave them out, and the log says how many."""
-    train_path = holdout_path.with_name("train.jsonl")
-    if not config.evaluation.forgetting or not train_path.is_file():
-        return set()
-    items = load_questions(config.evaluation.general_questions or DEFAULT_QUESTIONS)
-    ids = [str(item.get("id", index)) for index, item in enumerate(items)]
-    prompts = [prompt_text(row["prompt"]) for row in read_jsonl(train_path)]
-    overlap = overlapping_questions(ids, [item["question"] for item in items], prompts)
-    if overlap:
-        logger.warning("%d general questions occur in the training data; left out of forgetting", len(overlap))
-    return overlap
+    return compare_roles(config, scores, stage_dir, general_questions_trained_on(config.evaluation, holdout_path))
 
 
 def compare_roles(
@@ -287,7 +255,7 @@ def compare_roles(
         scores,
         comparisons,
         stage_dir / "evaluation.json",
-        _curve(scores, stage_dir / "pass_at_k.png"),
+        pass_at_k_curve(scores, stage_dir / "pass_at_k.png"),
         drop,
         {role: by_role[role].name for role in ordered},
         drop_reference,
@@ -342,29 +310,11 @@ def evaluate_task(
         return result
 
 
-def evaluation_table(result: EvalResult) -> list[dict[str, Any]]:
-    """One row per model: greedy accuracy, pass@k and the pass@1 interval, with the sample sizes."""
-    return [
-        {
-            "model": name,
-            "prompts": score.n_prompts,
-            "samples": score.n_samples,
-            "greedy": round(score.greedy_accuracy, 4),
-            **{f"pass@{k}": round(v, 4) for k, v in score.pass_at_k.items()},
-            "pass@1 95% CI": f"[{score.pass1_interval[0]:.3f}, {score.pass1_interval[1]:.3f}]",
-            "general QA": round(score.general.qa_accuracy, 4) if score.general else None,
-            "general ppl": round(score.general.perplexity, 3) if score.general else None,
-            "general KL": round(score.general.to_json().get("kl", 0.0), 5) if score.general else None,
-        }
-        for name, score in result.scores.items()
-    ]
-
-
 def fetch_champion(config: PipelineConfig, download_dir: Path) -> ModelSpec | None:
     """The current ``champion`` of the configured registered model, downloaded, as the reference to evaluate
     (None when there is no champion yet)."""
+    from tasks.models import resolve_model_source
     from tasks.registry import CHAMPION, alias_version_number, client_for, fetch_adapter
-    from tasks.sources import resolve_model_source
 
     name = config.tracking.registered_model_name
     current = alias_version_number(client_for(config.resolved_tracking_uri()), name, CHAMPION)

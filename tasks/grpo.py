@@ -13,15 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
-from reward_fns.registry import CORRECTNESS_REWARD, IsolatedReward, build_reward_functions, reward_columns
-from tasks.caching import prefect_task
+from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
 from tasks.config import GenerationSettings, PipelineConfig
-from tasks.data import read_jsonl, render_prompt
-from tasks.errors import GateStop
-from tasks.handoff import handoff_download, handoff_upload
-from tasks.launch import train_on_processes
+from tasks.inputs import read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,
     CHECKPOINTS,
@@ -30,78 +25,30 @@ from tasks.layout import (
     HANDOFF_TRAIN,
     RemoteGrpoRequest,
 )
-from tasks.learning_signal import SignalStateSaver, SignalStop, load_signal_state
 from tasks.models import load_policy, load_tokenizer
-from tasks.remote_checkpoints import CheckpointMirror, store_for
-from tasks.reporting import tracked_stage
-from tasks.runs import Tracker
 from tasks.speedups import speedups_on
+from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
 from tasks.training import (
+    CheckpointMirror,
+    CompletionSampleLogger,
     MetricsHistory,
     MlflowTrainerCallback,
+    NoneShareGuard,
+    RewardNoneLimitExceeded,
+    SignalStateSaver,
+    SignalStop,
     TrainResult,
     common_trainer_args,
+    load_signal_state,
     lora_config,
     replay_history,
     resumable_checkpoint,
+    store_for,
     train_and_save,
+    train_on_processes,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class RewardNoneLimitExceeded(GateStop, RuntimeError):
-    """Too many rewards were ``None`` (cannot judge): TRL would silently train on them as zeros."""
-
-
-class NoneShareGuard(TrainerCallback):
-    """Stops training when a reward function's ``None`` share passes the limit (after a warm-up of samples)."""
-
-    def __init__(self, rewards: Sequence[IsolatedReward], limit: float, min_samples: int = 32) -> None:
-        self.rewards, self.limit, self.min_samples = rewards, limit, min_samples
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        for reward in self.rewards:
-            stats = reward.stats
-            if stats.scored >= self.min_samples and stats.none_share > self.limit:
-                raise RewardNoneLimitExceeded(
-                    f"reward {reward.__name__} could not judge {stats.none}/{stats.scored} completions "
-                    f"({stats.none_share:.0%} > grpo.max_none_share {self.limit:.0%}); "
-                    f"errors: {stats.errors}, last: {stats.last_error}"
-                )
-
-
-class CompletionSampleLogger(TrainerCallback):
-    """Every ``every`` steps, hands ``sink`` a table of the step's completions with each function's reward, so
-    reward hacking can be seen while it happens (the table goes to MLflow in the task wrapper)."""
-
-    def __init__(
-        self,
-        rewards: Sequence[IsolatedReward],
-        weights: Sequence[float],
-        every: int,
-        sink: Callable[[int, dict[str, list[Any]]], None],
-        rows: int = 16,
-    ) -> None:
-        self.rewards, self.weights, self.every, self.sink, self.rows = rewards, weights, every, sink, rows
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self.every or state.global_step % self.every or not self.rewards[0].last_batch:
-            return
-        first = self.rewards[0].last_batch
-        count = min(self.rows, len(first["completions"]))
-        table: dict[str, list[Any]] = {
-            "step": [state.global_step] * count,
-            "prompt": [str(p)[-300:] for p in first["prompts"][:count]],
-            "completion": [str(c) for c in first["completions"][:count]],
-        }
-        total = [0.0] * count
-        for reward, weight in zip(self.rewards, self.weights, strict=True):
-            values = reward.last_batch.get("rewards", [None] * count)[:count]
-            table[reward.__name__] = values
-            total = [t + weight * (v or 0.0) for t, v in zip(total, values, strict=True)]
-        table["weighted_reward"] = total
-        self.sink(state.global_step, table)
 
 
 def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
@@ -282,7 +229,7 @@ def grpo_task(
     checkpoint_store: dict[str, Any] | None = None,
 ) -> TrainResult:
     """Prefect wrapper: GRPO in its MLflow run, TRL's metrics (rewards, frac_reward_zero_std, ...) per step.
-    ``checkpoint_store`` (``tasks.remote_checkpoints.store_for``): each checkpoint is also copied there."""
+    ``checkpoint_store`` (``tasks.training.remote_checkpoints.store_for``): each checkpoint is also copied there."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
         stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend),
@@ -313,8 +260,7 @@ def grpo_task(
 
 def report_stop(stage: Any, run_id: str, verdict: dict[str, Any]) -> None:
     """An early stop's verdict in the stage's MLflow run (tags, metrics), the run log and a Prefect event."""
-    from tasks.events import emit_pipeline_event
-    from tasks.reporting import publish_markdown
+    from tasks.tracking import emit_pipeline_event, publish_markdown
 
     stage.set_tags({"grpo.stopped": verdict["cause"], "grpo.stop_verdict": verdict["message"][:4000]})
     stage.log_metrics({"stopped_at_step": verdict["step"]})

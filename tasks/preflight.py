@@ -33,7 +33,7 @@ def model_source_problem(source: str, revision: str | None = None) -> str | None
     >>> model_source_problem("tiny-random") is None
     True
     """
-    from tasks.sources import SMOLLM2, TINY_RANDOM
+    from tasks.models import SMOLLM2, TINY_RANDOM
 
     if source in (SMOLLM2, TINY_RANDOM):
         return None
@@ -92,7 +92,7 @@ def preflight(config: PipelineConfig) -> None:
 
 def tracking_problem(config: PipelineConfig) -> str | None:
     """None when the tracking store answers (a local store is created if new); else what is wrong."""
-    from tasks.runs import client_for
+    from tasks.tracking import client_for
 
     uri = config.resolved_tracking_uri()
     try:

@@ -14,17 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
-from tasks.data import read_jsonl, render_prompt, write_jsonl
 from tasks.errors import GateStop
-from tasks.events import emit_pipeline_event
-from tasks.generation import GenerationStats, generate_completions
-from tasks.models import load_policy, load_tokenizer
-from tasks.reporting import publish_markdown, publish_table, tracked_stage
-from tasks.runs import Tracker
-from tasks.scoring import score_groups
+from tasks.evaluation import score_groups
+from tasks.inputs import read_jsonl, render_prompt, write_jsonl
+from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer
 from tasks.speedups import speedups_on
+from tasks.tracking import Tracker, emit_pipeline_event, prefect_task, publish_markdown, publish_table, tracked_stage
 
 logger = logging.getLogger(__name__)
 

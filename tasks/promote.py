@@ -2,10 +2,10 @@
 only when the candidate beats the current champion (or the base model, when there is none).
 
 The decision reads one input (``PromotionCase``, taken from the evaluation by role) and the registry applies it
-in one call (``tasks.champions.apply_promotion``), inside a lock that serialises promotions of a model
-(``tasks.locks.promotion_lock``).
+in one call (``tasks.registry.champions.apply_promotion``), inside a lock that serialises promotions of a model
+(``tasks.registry.promotion_lock``).
 Must not import: another stage's logic (it reads the evaluate stage's result types, nothing else); Prefect and
-MLflow appear only in its task wrapper; registry calls go through ``tasks/registry.py``.
+MLflow appear only in its task wrapper; registry calls go through ``tasks/registry/versions.py``.
 """
 
 from __future__ import annotations
@@ -17,17 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tasks.caching import prefect_task
-from tasks.champions import apply_promotion
 from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
-from tasks.events import emit_pipeline_event
-from tasks.forgetting_stats import forgetting_metrics, forgetting_problem
-from tasks.locks import promotion_lock
-from tasks.model_card import short_description
-from tasks.registry import RegistryError, register_adapter
-from tasks.reporting import publish_markdown, tracked_stage
-from tasks.runs import StageRun, Tracker
+from tasks.evaluation import forgetting_metrics, forgetting_problem
+from tasks.registry import RegistryError, apply_promotion, promotion_lock, register_adapter, short_description
+from tasks.tracking import StageRun, Tracker, emit_pipeline_event, prefect_task, publish_markdown, tracked_stage
 
 T = TypeVar("T")
 
@@ -227,9 +221,8 @@ def promote_task(
     """Prefect wrapper: compare with the champion the candidate was evaluated against, else with the base
     model; register each version as an MLflow model with its card; a rejected candidate emits
     ``grpoflow.run.promotion-rejected``."""
-    from tasks.model_card import version_card
-    from tasks.packaging import save_version_model
-    from tasks.sources import resolve_model_source
+    from tasks.models import resolve_model_source
+    from tasks.registry import save_version_model, version_card
 
     case = PromotionCase.from_evaluation(evaluation)
     name = config.tracking.registered_model_name

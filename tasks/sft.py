@@ -10,15 +10,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from tasks.caching import prefect_task
 from tasks.config import PipelineConfig
-from tasks.data import answer_completion, read_jsonl, render_prompt
-from tasks.launch import train_on_processes
+from tasks.inputs import answer_completion, read_jsonl, render_prompt
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.models import load_base_model, load_tokenizer
-from tasks.reporting import tracked_stage
-from tasks.runs import Tracker
 from tasks.speedups import speedups_on
+from tasks.tracking import Tracker, prefect_task, tracked_stage
 from tasks.training import (
     MetricsHistory,
     MlflowTrainerCallback,
@@ -28,6 +25,7 @@ from tasks.training import (
     replay_history,
     resumable_checkpoint,
     train_and_save,
+    train_on_processes,
 )
 
 

@@ -12,15 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.caching import prefect_task
 from tasks.config import DataSettings, PipelineConfig
-from tasks.data import _Unreadable, load_rows, write_jsonl
 from tasks.errors import GateStop, UserError
-from tasks.expectations import gx_audit
+from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
+from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
 from tasks.layout import write_atomically
-from tasks.reporting import publish_markdown, tracked_stage
-from tasks.rows import RowProblem, check_row, fingerprint, holdout_side
-from tasks.runs import Tracker
+from tasks.tracking import Tracker, prefect_task, publish_markdown, tracked_stage
 
 
 class RewardCanaryFailed(GateStop, RuntimeError):

@@ -18,45 +18,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.champions import champion_stack, default_actor, reconcile, rollback_champion, timestamp
 from tasks.config import PipelineConfig, PromotionSettings, WatchSettings
 from tasks.errors import UserError
-from tasks.forgetting_stats import forgetting, forgetting_problem
-from tasks.registry import CHALLENGER, CHAMPION, ModelNotFound, alias_version_number, client_for, registered_model
+from tasks.evaluation import forgetting, forgetting_problem, watch_table
+from tasks.registry import (
+    CHALLENGER,
+    CHAMPION,
+    alias_version_number,
+    champion_stack,
+    client_for,
+    pinned_version,
+    reconcile,
+    registered_model,
+    rollback_champion,
+    timestamp,
+)
 
-PIN_TAG = "grpoflow.champion.pinned"
 LAST_WATCH_TAG = "grpoflow.watch.last"
 
 
 class WatchRefused(UserError, ValueError):
     """The watch config cannot judge this champion (another task kind, rewards or hold-out split)."""
-
-
-# ---------------------------------------------------------------------------------------------- pins
-
-
-def pin_champion(client: Any, name: str, version: str, reason: str, by: str = "") -> None:
-    """Pin ``version`` (the watch reports on a pinned champion but never reverts it)."""
-    registered_model(client, name)
-    try:
-        client.get_model_version(name, version)
-    except Exception as exc:
-        raise ModelNotFound(f"{name} has no version {version} at {client.tracking_uri}") from exc
-    body = {"version": str(version), "reason": reason[:1000], "at": timestamp(), "by": by or default_actor()}
-    client.set_registered_model_tag(name, PIN_TAG, json.dumps(body))
-
-
-def unpin_champion(client: Any, name: str) -> None:
-    if PIN_TAG in registered_model(client, name).tags:
-        client.delete_registered_model_tag(name, PIN_TAG)
-
-
-def pinned_version(client: Any, name: str) -> dict[str, str] | None:
-    raw = registered_model(client, name).tags.get(PIN_TAG)
-    return json.loads(raw) if raw else None
-
-
-# ---------------------------------------------------------------------------------------------- decision
 
 
 @dataclass
@@ -256,45 +238,14 @@ def watch_scores(config: PipelineConfig, by_role: dict[str, Any]) -> WatchScores
     return WatchScores(dict(by_role), differences, drops)
 
 
-def _with_interval(drop: dict[str, Any] | None, point: str, interval: str) -> str:
-    if drop is None:
-        return "-"
-    if interval not in drop:
-        return f"{drop[point]:+.1%}"
-    low, high = drop[interval]
-    return f"{drop[point]:+.1%} [{low:+.1%}, {high:+.1%}]"
-
-
-def watch_table(scores: WatchScores, versions: Mapping[str, str]) -> list[dict[str, Any]]:
-    rows = []
-    for role in ("champion", "previous", "challenger", "base"):
-        score = scores.scores.get(role)
-        if score is None:
-            continue
-        difference = scores.differences.get(f"{role}-vs-champion")
-        drop = scores.forgetting.get(role)
-        rows.append({
-            "role": role,
-            "version": f"v{versions[role]}" if role in versions else "-",
-            "greedy": f"{score.greedy_accuracy:.1%}",
-            "pass@1": f"{score.pass_at_k.get(1, float('nan')):.1%}",
-            "vs champion (95% CI)": "-" if difference is None else
-            f"{difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}]",
-            "QA drop vs base": _with_interval(drop, "qa_accuracy_drop", "qa_drop_interval"),
-            "ppl rise vs base": _with_interval(drop, "perplexity_increase", "perplexity_interval"),
-        })  # fmt: skip
-    return rows
-
-
 def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer = score_with_evaluation) -> WatchReport:
     """Judge ``name@champion`` on the config's hold-out data; move it back when the decision says so.
 
     Under the promotion lock the alias is re-read first: a champion that changed while the watch evaluated is
     never moved. A skip when champion, data fingerprint and settings equal the last watch's."""
     from tasks.evaluate import ModelSpec
-    from tasks.locks import promotion_lock
-    from tasks.registry import fetch_adapter
-    from tasks.sources import resolve_model_source
+    from tasks.models import resolve_model_source
+    from tasks.registry import fetch_adapter, promotion_lock
     from tasks.validate import enforce_limits, run_validate
 
     uri = config.resolved_tracking_uri()
@@ -354,7 +305,7 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
 def record_watch_run(config: PipelineConfig, report: WatchReport, work_dir: Path) -> str:
     """An MLflow run ``watch-<name>`` with the table, the decision and the scores; returns its id."""
     from tasks.layout import write_atomically
-    from tasks.runs import experiment_for
+    from tasks.tracking import experiment_for
 
     client = client_for(config.resolved_tracking_uri())
     experiment_id = experiment_for(config, client)

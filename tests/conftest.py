@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from tasks.sources import TINY_RANDOM, resolve_model_source
+    from tasks.models import TINY_RANDOM, resolve_model_source
 
     return resolve_model_source(TINY_RANDOM)
 
@@ -103,7 +103,7 @@ def make_scores():
     import numpy as np
 
     from tasks.evaluate import ModelScores
-    from tasks.scoring import pass_at_k
+    from tasks.evaluation import pass_at_k
 
     def scores(name: str, per_prompt: list[float], n: int = 4) -> ModelScores:
         counts = [round(p * n) for p in per_prompt]
@@ -129,7 +129,7 @@ def lock_holder():
     import sys
 
     script = (
-        "import sys, time\nfrom tasks.locks import promotion_lock\n"
+        "import sys, time\nfrom tasks.registry.locks import promotion_lock\n"
         "with promotion_lock(sys.argv[1], 'locked-model', lease_s=3):\n"
         "    print('locked', flush=True)\n    time.sleep(600)\n"
     )

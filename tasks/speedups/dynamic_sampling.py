@@ -5,7 +5,7 @@ and prompts solved in every group for K visits leave the pool. Works with either
 TRL's own ``_generate_and_score_completions`` for every round.
 
 Overrides two private TRL methods (``_generate_and_score_completions``, ``_calculate_rewards``) and writes TRL's
-private ``_metrics``; the decisions themselves are plain functions in ``tasks.learning_signal``.
+private ``_metrics``; the decisions themselves are plain functions in ``tasks.training.learning_signal``.
 Must not import: Prefect, MLflow, the stages.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tasks.learning_signal import RetirementPool, choose_groups, draws_needed, informative_groups, solved_groups
+from tasks.training import RetirementPool, choose_groups, draws_needed, informative_groups, solved_groups
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tasks.precision import resolve_dtype
+from tasks.models import resolve_dtype
 
 
 def _frozen_weights(model: Any) -> Iterator[Any]:

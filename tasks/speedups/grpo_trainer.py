@@ -16,8 +16,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
-from tasks.generation import sample_groups, with_cache
-from tasks.precision import resolve_dtype
+from tasks.models import resolve_dtype, sample_groups, with_cache
 from tasks.speedups.merged_copy import MergedCopy
 
 logger = logging.getLogger(__name__)

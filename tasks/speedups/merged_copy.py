@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tasks.precision import attention_implementation
+from tasks.models import attention_implementation
 from tasks.speedups.packing import PackedLinear, pack_linears
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tasks.precision import resolve_dtype
+from tasks.models import resolve_dtype
 
 logger = logging.getLogger(__name__)
 

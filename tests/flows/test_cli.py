@@ -47,11 +47,10 @@ def _registered(tmp_path: Path, adapter: Path, versions: int = 2) -> Path:
     """A config file whose MLflow store holds ``versions`` versions of the tiny adapter; the last is champion."""
     import yaml
 
-    from tasks.champions import move_champion
     from tasks.config import load_config
     from tasks.layout import RunLayout
-    from tasks.registry import client_for, register_adapter
-    from tasks.runs import start_pipeline
+    from tasks.registry import client_for, move_champion, register_adapter
+    from tasks.tracking import start_pipeline
 
     config_path = tmp_path / "cli.yaml"
     config_path.write_text(
@@ -78,8 +77,7 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tasks.models import load_policy
-    from tasks.sources import resolve_model_source
+    from tasks.models import load_policy, resolve_model_source
 
     config = _registered(tmp_path, tiny_adapter)
     result = grpoflow(

@@ -9,7 +9,7 @@ import pytest
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
 from tasks.probe import NoLearningSignal
-from tasks.runs import RUN_ID_TAG, client_for
+from tasks.tracking import RUN_ID_TAG, client_for
 
 STAGES = {"validate", "probe_base", "sft", "probe_sft", "grpo", "champion", "evaluate", "promote"}
 

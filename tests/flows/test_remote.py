@@ -13,10 +13,9 @@ from pathlib import Path
 
 from flows.remote import grpo_remote_flow
 from tasks.config import PipelineConfig
-from tasks.handoff import handoff_upload
 from tasks.layout import HANDOFF_GRPO_ADAPTER, HANDOFF_TRAIN, RemoteGrpoRequest
-from tasks.remote_checkpoints import ARTIFACT_DIR, MlflowStore
-from tasks.runs import Tracker, client_for
+from tasks.tracking import Tracker, client_for, handoff_upload
+from tasks.training import ARTIFACT_DIR, MlflowStore
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_REWARD = """

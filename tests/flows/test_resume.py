@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from tasks.config import load_config
-from tasks.runs import RUN_ID_TAG, client_for
+from tasks.tracking import RUN_ID_TAG, client_for
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_REWARD = """

@@ -179,11 +179,10 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
 
     # The champion watch as a deployment: v1 champion, then a damaged v2 (random output-layer weights: it forgets)
     # registered and forced to champion by hand; the daily watch (action alert) reports it and emits the event.
-    from tasks.champions import rollback_champion
     from tasks.config import load_config
     from tasks.layout import RunLayout
-    from tasks.registry import CHAMPION, alias_version_number, client_for, register_adapter
-    from tasks.runs import start_pipeline
+    from tasks.registry import CHAMPION, alias_version_number, client_for, register_adapter, rollback_champion
+    from tasks.tracking import start_pipeline
 
     config = load_config("configs/tiny.yaml", overrides)
     client = client_for(services.mlflow_url)
@@ -249,7 +248,7 @@ def test_up_serves_the_store_and_the_prefect_runs_a_local_run_wrote(registered_t
 
     import yaml
 
-    from flows.cli import _prefect_server, _ui_base
+    from flows.cli.run import _prefect_server, _ui_base
     from flows.services import running_up
 
     config, summary = registered_tiny

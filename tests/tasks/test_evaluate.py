@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from tasks.evaluate import ModelSpec, compare_roles, evaluation_table, run_evaluate, score_model
-from tasks.forgetting import general_ability
-from tasks.forgetting_stats import forgetting
+from tasks.evaluation import forgetting, general_ability
 from tasks.models import load_base_model, load_tokenizer
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.champions import rollback_champion
 from tasks.config import PromotionSettings
+from tasks.evaluation import paired_difference
 from tasks.layout import RunLayout
 from tasks.promote import PromotionCase, decide_promotion, run_promote
 from tasks.registry import (
@@ -17,9 +17,9 @@ from tasks.registry import (
     alias_version,
     client_for,
     fetch_adapter,
+    rollback_champion,
 )
-from tasks.runs import start_pipeline
-from tasks.scoring import paired_difference
+from tasks.tracking import start_pipeline
 
 
 def test_gate_never_promotes_a_worse_pass1_on_random_pairs(make_scores) -> None:

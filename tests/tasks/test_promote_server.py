@@ -13,11 +13,11 @@ import pytest
 
 from flows.services import free_port, stop_group
 from tasks.config import PipelineConfig
+from tasks.evaluation import paired_difference
 from tasks.layout import RunLayout
 from tasks.promote import PromotionCase, run_promote
 from tasks.registry import CHAMPION, RegistryError, alias_version, client_for, fetch_adapter
-from tasks.runs import start_pipeline
-from tasks.scoring import paired_difference
+from tasks.tracking import start_pipeline
 
 
 def _start_server(root: Path, port: int) -> subprocess.Popen:
@@ -106,7 +106,7 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
         run_promote(stage, name, case, config.promotion, {"base_model": "tiny-random"}, tiny_adapter, tiny_adapter)
     # Closing the pipeline with the registry still down reports it and raises nothing: the stage's own error
     # (the RegistryError above) is the one the user sees.
-    from tasks.runs import close_pipeline
+    from tasks.tracking import close_pipeline
 
     assert close_pipeline(tracker, "FAILED", {}) is False
     mlflow_server["process"] = _start_server(mlflow_server["root"], mlflow_server["port"])
@@ -118,7 +118,8 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
 def test_a_promotion_killed_inside_the_lease_lets_the_next_in(mlflow_server, lock_holder) -> None:
     """With a tracking server the promotion lock is a lease on the registered model: a killed holder stops
     renewing it and the next promotion gets in once it expires (3 s here; 30 s by default)."""
-    from tasks.locks import LockTimeout, promotion_lock
+    from tasks.registry import promotion_lock
+    from tasks.tracking import LockTimeout
 
     holder = lock_holder(mlflow_server["uri"])
     with (

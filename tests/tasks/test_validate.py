@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import DataSettings, load_config
-from tasks.rows import fingerprint, holdout_side, normalize_math
+from tasks.inputs import fingerprint, holdout_side, normalize_math
 from tasks.validate import QuarantineLimitExceeded, enforce_limits, run_validate, validate_rows
 
 GOOD = [
@@ -167,7 +167,7 @@ def test_stage_writes_files_and_enforces_the_quarantine_limit(tmp_path: Path) ->
 
 
 def test_great_expectations_audit_names_failing_rows(tmp_path: Path) -> None:
-    from tasks.expectations import gx_audit
+    from tasks.inputs import gx_audit
 
     rows = [
         {"id": "a", "prompt": "fine", "ground_truth": "1"},
@@ -227,7 +227,7 @@ def test_hostile_rows_are_all_written_and_accounted_for(tmp_path: Path) -> None:
 def test_a_crash_while_writing_leaves_the_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from tasks.data import write_jsonl
+    from tasks.inputs import write_jsonl
 
     target = tmp_path / "train.jsonl"
     write_jsonl(target, [{"a": 1}])

@@ -9,11 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from tasks.champions import champion_moves, move_champion, rollback_champion
 from tasks.config import PipelineConfig
 from tasks.layout import RunLayout
-from tasks.registry import CHAMPION, alias_version_number, client_for, register_adapter
-from tasks.runs import start_pipeline
+from tasks.registry import (
+    CHAMPION,
+    alias_version_number,
+    champion_moves,
+    client_for,
+    move_champion,
+    register_adapter,
+    rollback_champion,
+)
+from tasks.tracking import start_pipeline
 from tasks.watch import LAST_WATCH_TAG, WatchRefused, pin_champion, run_watch
 
 

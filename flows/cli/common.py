@@ -1,0 +1,107 @@
+"""What every ``grpoflow`` command shares: the Typer app, the console, the option types, and how a command finds
+its config, store and registry (and says which it used, on stderr, so stdout stays the result)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import tasks  # noqa: F401  (sets telemetry-off defaults before Prefect or MLflow load)
+from tasks.config import ConfigError, PipelineConfig, load_config
+from tasks.layout import command_dir
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,  # grpoflow's own errors are printed by main(); bugs keep their traceback
+    help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote. Exit codes: 0 done, 1 bug, 2 user "
+    "error, 3 stopped by a gate, 4 infrastructure. --debug shows tracebacks.",
+)
+console = Console()
+# Where a command says which config, store and server it used: stderr, so stdout stays the result.
+notes = Console(stderr=True, soft_wrap=True)
+DEFAULT_CONFIG = Path("configs/demo.yaml")
+
+ConfigArg = Annotated[
+    Path | None, typer.Argument(help="Pipeline config (YAML); same as --config. Default: configs/demo.yaml")
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="Pipeline config (YAML): its tracking store is used. Default: configs/demo.yaml"
+    ),
+]
+TrackingOption = Annotated[
+    str | None, typer.Option("--tracking-uri", help="MLflow tracking URI; overrides the config's store.")
+]
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set grpo.max_steps=5")]
+
+NameArg = Annotated[str, typer.Argument(help="Registered model name.")]
+ModelArg = Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")]
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def config_from(
+    path: Path | None, overrides: list[str] | None = None, option: Path | None = None, **extra: Any
+) -> PipelineConfig:
+    """The config from CONFIG or --config (the same thing), ``--set`` overrides and explicit options."""
+    if path is not None and option is not None and path != option:
+        raise ConfigError(f"two configs given ({path} and --config {option}); give one")
+    values = {k: parse_value(v) for k, _, v in (item.partition("=") for item in overrides or [])}
+    values.update({k: v for k, v in extra.items() if v is not None})
+    chosen = path or option or (DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None)
+    config = load_config(chosen, values)
+    notes.print(f"[dim]config: {chosen or '(defaults)'}[/dim]")
+    return config
+
+
+def store_uri(config: PipelineConfig, tracking_uri: str | None = None) -> str:
+    """The MLflow store a command uses (--tracking-uri, else the config's), printed so nobody has to guess."""
+    uri = tracking_uri or config.resolved_tracking_uri()
+    notes.print(f"[dim]store: {uri}[/dim]")
+    return uri
+
+
+def registry_client(config: Path | None, set_: list[str] | None, tracking_uri: str | None) -> Any:
+    """The MLflow client of a registry command's store (printed), from --config/--set or --tracking-uri."""
+    from tasks.registry import client_for
+
+    return client_for(store_uri(config_from(None, set_, config), tracking_uri))
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "alembic", "mlflow.store", "great_expectations"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def validated(cfg: PipelineConfig, show: bool = False) -> Any:
+    """Run the validate stage into output_dir/validate for a standalone command; past the limits, a user error."""
+    from tasks.validate import enforce_limits, run_validate
+
+    result = run_validate(cfg, command_dir(cfg.output_dir, "validate"))
+    if show:
+        console.print_json(json.dumps(result.to_json()))
+    enforce_limits(result, cfg)
+    return result
+
+
+def print_table(title: str, rows: list[dict[str, str]]) -> None:
+    table = Table(title=title)
+    for column in rows[0] if rows else ["(none)"]:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    # Piped output has no width to fit: keep each cell whole (a terminal still gets a table that fits it).
+    (console if console.is_terminal else Console(width=200)).print(table)

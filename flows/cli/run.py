@@ -1,0 +1,178 @@
+"""``grpoflow run``, ``check``, ``validate``, ``probe``: the pipeline and its first stages from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli.common import (
+    ConfigArg,
+    ConfigOption,
+    SetOption,
+    config_from,
+    console,
+    notes,
+    setup_logging,
+    store_uri,
+    validated,
+)
+from flows.summary import print_summary
+from tasks.config import ConfigError, PipelineConfig
+from tasks.layout import RunLayout, command_dir
+
+
+def run(
+    config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    seed: Annotated[int | None, typer.Option(help="Override the config's seed.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Name of the run (default: generated).")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option("--resume", help="Resume this pipeline run (its folder under output_dir) with its saved config."),
+    ] = None,
+    set_: SetOption = None,
+) -> None:
+    """Run the whole pipeline and print its summary; --resume RUN_ID continues a crashed run."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.pipeline import new_run_id, pipeline
+    from tasks.preflight import preflight
+    from tasks.probe import NoLearningSignal
+
+    setup_logging()
+    cfg = config_from(config, set_, config_option, seed=seed)
+    if resume:
+        snapshot = RunLayout.of(cfg.output_dir, resume).config_snapshot
+        if not snapshot.is_file():
+            raise ConfigError(f"no pipeline run {resume!r} to resume: {snapshot} does not exist")
+        cfg = PipelineConfig.model_validate_json(snapshot.read_text())
+        from tasks.tracking import finished_parent_run
+
+        if finished_parent_run(cfg, resume):
+            summary_path = RunLayout.of(cfg.output_dir, resume).summary_path
+            console.print(f"run {resume} already finished: nothing to resume (its summary: {summary_path})")
+            return
+        console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
+    preflight(cfg)  # missing inputs fail here, before a server, a run or a model is started
+    run_name = resume or run_id or new_run_id(cfg)
+    api_url, where = _prefect_server()
+    store_uri(cfg)
+    notes.print(f"[dim]{where}[/dim]")
+    console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+            summary = pipeline(cfg, run_name)
+    except NoLearningSignal as exc:
+        console.print(f"[yellow]stopped before GRPO:[/yellow] {exc}")
+        raise typer.Exit(3) from exc
+    print_summary(summary)
+    print_links(summary)
+
+
+def validate(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
+    """Run the validate stage alone; writes train / hold-out / quarantine files under output_dir/validate."""
+    from tasks.preflight import preflight
+
+    cfg = config_from(config, set_, config_option)
+    preflight(cfg)
+    validated(cfg, show=True)
+
+
+def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
+    """Run every check that needs no model, then exit: the config, paths and model source, the data's columns
+    and rows (the validate stage, with its quarantine), reward imports, and the tracking store."""
+    from tasks.preflight import PreflightError, path_problems, tracking_problem
+
+    cfg = config_from(config, set_, config_option)  # the config's keys and its reward imports
+    console.print("config and reward imports: ok")
+    problems = path_problems(cfg)
+    if problems:
+        raise PreflightError("; ".join(problems))
+    console.print("paths and model source: ok")
+    result = validated(cfg)
+    console.print(
+        f"data: ok ({result.rows_kept}/{result.rows_in} rows kept, {result.rows_train} train, "
+        f"{result.rows_holdout} hold-out; quarantine: {result.quarantine_path})"
+    )
+    problem = tracking_problem(cfg)
+    if problem:
+        from tasks.tracking import RegistryError
+
+        raise RegistryError(problem)
+    console.print(f"tracking store: ok ({store_uri(cfg)})")
+
+
+def probe(
+    config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    adapter: Annotated[Path | None, typer.Option(help="Probe base + this LoRA adapter folder.")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Probe the reward distribution of the base model (or base + adapter) on the train split."""
+    from tasks.models import resolve_model_source
+    from tasks.preflight import preflight
+    from tasks.probe import gate_message, probe_verdict, run_probe, sample_completions
+
+    setup_logging()
+    cfg = config_from(config, set_, config_option)
+    preflight(cfg)
+    data = validated(cfg)
+    label = "adapter" if adapter else "base"
+    base_dir, stage_dir = resolve_model_source(cfg.model.source), command_dir(cfg.output_dir, "probe")
+    result = run_probe(cfg, data.train_path, base_dir, adapter, stage_dir, label)
+    message = gate_message(result, cfg.probe.min_signal_share, sample_completions(result))
+    result.verdict = probe_verdict(result, message, gates=True)
+    console.print_json(json.dumps(result.to_json()))
+    if message:
+        console.print(f"[yellow]{message}[/yellow]")
+        raise typer.Exit(3)
+
+
+def _prefect_server() -> tuple[str | None, str]:
+    """The Prefect API a run reports to and how to say so: PREFECT_API_URL, else a running ``grpoflow up``,
+    else a temporary server whose runs stay in the Prefect home's database (``grpoflow up`` serves it)."""
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    from flows.services import running_up
+
+    if PREFECT_API_URL.value():
+        return None, f"Prefect: {PREFECT_API_URL.value()}"
+    up = running_up()
+    if up:
+        return up["prefect_api_url"], f"Prefect: {up['prefect_api_url']} (grpoflow up)"
+    home = os.path.expanduser(str(PREFECT_HOME.value()))
+    return None, f"Prefect: a temporary local server; its runs stay in {home} (`grpoflow up` shows them)"
+
+
+def _ui_base(tracking_uri: str) -> tuple[str, str]:
+    """Where the MLflow UI for ``tracking_uri`` is, and a hint when it is not running yet."""
+    from flows.services import running_up
+
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/"), ""
+    up = running_up()
+    if up and up.get("store") == tracking_uri:
+        return up["mlflow_url"], ""
+    return "http://127.0.0.1:5000", " (after `grpoflow up` with this config)"
+
+
+def print_links(summary: dict[str, Any]) -> None:
+    """The pages a user wants after a run: the parent run among the training runs, and the registered version."""
+    mlflow = summary.get("mlflow")
+    if not mlflow:
+        return
+    base, hint = _ui_base(mlflow["tracking_uri"])
+    from tasks.tracking import run_page
+
+    page = run_page(base, mlflow["experiment_id"], mlflow["parent_run_id"])
+    console.print(f"MLflow run{hint}: {page}", soft_wrap=True)
+    promotion = summary.get("promotion")
+    if promotion:
+        console.print(
+            f"registered model: {base}/#/models/{promotion['registered_model']}/versions/{promotion['version']}"
+        )

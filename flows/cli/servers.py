@@ -1,0 +1,77 @@
+"""The servers around runs: ``up`` (the MLflow and Prefect UIs) and ``deploy`` (Prefect deployments)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flows.cli.common import (
+    ConfigArg,
+    ConfigOption,
+    SetOption,
+    config_from,
+    console,
+    store_uri,
+)
+from tasks.config import ConfigError
+
+
+def up(
+    config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    set_: SetOption = None,
+    home: Annotated[
+        Path | None, typer.Option(help="Folder for the servers' logs. Default: <output_dir>/services")
+    ] = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1.")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1.")] = 5000,
+) -> None:
+    """Serve the UIs of what runs wrote: MLflow over the config's store_uri, Prefect over the Prefect home's runs.
+    While it runs, grpoflow run reports to this Prefect server. Ctrl-C stops both."""
+
+    from prefect.settings import PREFECT_HOME
+
+    from flows.services import forget_up, record_up, start_services
+    from tasks.tracking import local_store_path
+
+    cfg = config_from(config, set_, config_option)
+    uri = store_uri(cfg)
+    if local_store_path(uri) is None or not uri.startswith("sqlite:"):
+        raise ConfigError(f"the config tracks to {uri}: open its UI there; `grpoflow up` serves a local SQLite store")
+    store_file = local_store_path(uri).resolve()
+    folder = home or cfg.output_dir / "services"
+    prefect_home = Path(os.path.expanduser(str(PREFECT_HOME.value())))
+    store = (store_file, cfg.output_dir / "mlartifacts")
+    services = start_services(folder, prefect_port, mlflow_port, mlflow_store=store, prefect_home=prefect_home)
+    record_up(services, uri)
+    console.print(f"Prefect UI  {services.prefect_url}   (runs in {prefect_home})\n"
+                  f"MLflow UI   {services.mlflow_url}   (store {uri})\nlogs        {folder}")  # fmt: skip
+    console.print(
+        "grpoflow run/deploy on this machine now report here. For a worker, in another shell:\n"
+        f"  export PREFECT_API_URL={services.prefect_api_url}\n"
+        "  grpoflow deploy && GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu\n"
+        "Ctrl-C stops both servers."
+    )
+    try:
+        console.print(services.serve_until_stopped())
+    finally:
+        forget_up()
+
+
+def deploy(
+    prefect_file: Annotated[Path | None, typer.Option(help="Deployment file. Default: infra/prefect.yaml")] = None,
+) -> None:
+    """Register the deployments (nightly pipeline, rollback, GRPO) with the Prefect server at PREFECT_API_URL
+    (or a running grpoflow up)."""
+
+    from flows.services import PREFECT_FILE, running_up
+    from flows.services import deploy as register
+
+    up = running_up()
+    env = {"PREFECT_API_URL": up["prefect_api_url"]} if up and not os.environ.get("PREFECT_API_URL") else None
+    names = register(prefect_file or PREFECT_FILE, env)
+    console.print("registered: " + ", ".join(names))
+    console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")

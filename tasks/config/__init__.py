@@ -1,0 +1,33 @@
+"""TODO config"""
+
+from tasks import lazy_surface
+
+# name -> the module behind this package that defines it
+_EXPORTS = {
+    "ConfigError": "loading",
+    "anchor_paths": "loading",
+    "import_rewards": "loading",
+    "load_config": "loading",
+    "PipelineConfig": "pipeline",
+    "ArithmeticSettings": "settings",
+    "CanarySettings": "settings",
+    "DataSettings": "settings",
+    "DynamicSamplingSettings": "settings",
+    "EvaluationSettings": "settings",
+    "GRPOSettings": "settings",
+    "GenerationSettings": "settings",
+    "LoraSettings": "settings",
+    "ModelSettings": "settings",
+    "OrchestrationSettings": "settings",
+    "Precision": "settings",
+    "ProbeSettings": "settings",
+    "PromotionSettings": "settings",
+    "RewardSpec": "settings",
+    "SFTSettings": "settings",
+    "SignalStopSettings": "settings",
+    "Speedups": "settings",
+    "TaskKind": "settings",
+    "TrackingSettings": "settings",
+    "WatchSettings": "settings",
+}
+__getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -1,0 +1,140 @@
+"""Loading a config: the YAML file (or only the defaults), dotted-key overrides, paths anchored to the file's folder,
+and the import of custom reward functions. Static: it reads the file and checks types and names, but touches no
+network, model or data file.
+Must not import: torch, transformers, Prefect, MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tasks.config.pipeline import PipelineConfig
+from tasks.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A config file that cannot be used; the message names the file and every bad key's path."""
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        lines.append(f"  {path}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Read a YAML config (or only the defaults), apply dotted-key ``overrides`` and validate.
+
+    >>> load_config(overrides={"seed": 2, "grpo.max_steps": 3}).grpo.max_steps
+    3
+    """
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {file}")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{file}: the top level must be a mapping of sections")
+    config_dir = Path(path).resolve().parent if path is not None else None
+    if config_dir is not None:
+        anchor_paths(raw, config_dir)  # paths written in the file: relative to the file's folder
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    anchor_paths(raw, Path.cwd())  # the rest (from --set): relative to the current folder
+    try:
+        config = PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid config\n{_format_errors(exc)}") from exc
+    import_rewards(config, config_dir, source)
+    return config
+
+
+def _is_data_path(source: Any) -> bool:
+    return isinstance(source, str) and not source.startswith(("builtin:", "hub:"))
+
+
+def _is_model_path(source: str, base: Path) -> bool:
+    """A model source written as a path: ``./x``, ``../x``, ``/x``, ``~/x``, ``a/b/c``, or an existing folder.
+    ``org/name`` that is no folder here stays a Hub id (the pre-flight check says when it is neither)."""
+    return source.startswith((".", "/", "~")) or source.count("/") > 1 or (base / source).exists()
+
+
+def anchor_paths(raw: dict[str, Any], base: Path) -> None:
+    """Make the input paths of a raw config absolute against ``base``, in place: ``data.source`` (a file or
+    folder), ``model.source`` (when written as a path), ``evaluation.general_corpus``/``general_questions`` and
+    ``rewards[].path``, ``canaries.file``, ``orchestration.accelerate_config``. ``output_dir`` stays relative to
+    the folder a command runs in.
+
+    >>> raw = {"data": {"source": "rows.jsonl"}, "model": {"source": "Qwen/Qwen2.5-0.5B"}}
+    >>> anchor_paths(raw, Path("/project/configs")); raw["data"]["source"], raw["model"]["source"]
+    ('/project/configs/rows.jsonl', 'Qwen/Qwen2.5-0.5B')
+    """
+
+    def anchored(value: Any) -> Any:
+        if not isinstance(value, (str, Path)) or not str(value):
+            return value
+        local = Path(value).expanduser()
+        return str(local if local.is_absolute() else base / local)
+
+    sections = {key: raw.get(key) for key in ("data", "model", "evaluation")}
+    data, model, evaluation = (value if isinstance(value, dict) else {} for value in sections.values())
+    if _is_data_path(data.get("source")):
+        data["source"] = anchored(data["source"])
+    if isinstance(model.get("source"), str) and _is_model_path(model["source"], base):
+        model["source"] = anchored(model["source"])
+    for key in ("general_corpus", "general_questions"):
+        if evaluation.get(key):
+            evaluation[key] = anchored(evaluation[key])
+    for spec in raw.get("rewards") or []:
+        if isinstance(spec, dict) and spec.get("path"):
+            spec["path"] = anchored(spec["path"])
+    canaries = raw.get("canaries")
+    if isinstance(canaries, dict) and canaries.get("file"):
+        canaries["file"] = anchored(canaries["file"])
+    orchestration = raw.get("orchestration")
+    if isinstance(orchestration, dict) and orchestration.get("accelerate_config"):
+        orchestration["accelerate_config"] = anchored(orchestration["accelerate_config"])
+
+
+def import_rewards(config: PipelineConfig, config_dir: Path | None, source: str) -> None:
+    """Import every reward given as ``module:function`` now, not after validation and model loading: from its
+    ``path``, else ``sys.path`` (``PYTHONPATH``), else the config file's folder — which then becomes the
+    reward's ``path``, so a resumed or remote run imports it from the same place."""
+    from reward_fns.registry import resolve_reward
+
+    for index, spec in enumerate(config.rewards):
+        if ":" not in spec.name:
+            continue
+        try:
+            resolve_reward(spec.name, spec.path)
+        except ValueError as first:
+            if spec.path is not None or config_dir is None:
+                where = f"rewards.{index}.path ({spec.path})" if spec.path else "PYTHONPATH"
+                raise ConfigError(
+                    f"{source}: rewards.{index}.name: {first}; the module must be importable from {where}"
+                    + ("" if spec.path else ", or set rewards[].path to its folder")
+                ) from first
+            try:
+                resolve_reward(spec.name, config_dir)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{source}: rewards.{index}.name: {exc}; the module must be importable from PYTHONPATH or "
+                    f"{config_dir}, or set rewards[].path to its folder"
+                ) from exc
+            spec.path = config_dir

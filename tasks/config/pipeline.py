@@ -1,0 +1,115 @@
+"""The one configuration model every stage reads: ``PipelineConfig``, the settings of ``settings.py`` put
+together, with the checks that span sections and the hash that keys a run's cache.
+
+>>> cfg = PipelineConfig.model_validate({"grpo": {"num_generations": 4, "batch_size": 8}})
+>>> cfg.grpo.num_generations, cfg.model.source
+(4, 'smollm2-135m-instruct')
+>>> PipelineConfig.model_validate({"grpo": {"num_generation": 4}})
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for PipelineConfig
+grpo.num_generation
+  Extra inputs are not permitted [type=extra_forbidden, input_value=4, input_type=int]
+...
+Must not import: torch, transformers, Prefect, MLflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from tasks.config.settings import (
+    CanarySettings,
+    DataSettings,
+    EvaluationSettings,
+    GRPOSettings,
+    LoraSettings,
+    ModelSettings,
+    OrchestrationSettings,
+    ProbeSettings,
+    PromotionSettings,
+    RewardSpec,
+    SFTSettings,
+    TrackingSettings,
+    WatchSettings,
+    _Strict,
+)
+
+
+class PipelineConfig(_Strict):
+    name: str = "demo"
+    output_dir: Path = Path("outputs")
+    seed: int = 0
+    model: ModelSettings = ModelSettings()
+    data: DataSettings = DataSettings()
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="math_accuracy"), RewardSpec(name="boxed_format", weight=0.2)]
+    )
+    lora: LoraSettings = LoraSettings()
+    sft: SFTSettings = SFTSettings()
+    grpo: GRPOSettings = GRPOSettings()
+    probe: ProbeSettings = ProbeSettings()
+    evaluation: EvaluationSettings = EvaluationSettings()
+    promotion: PromotionSettings = PromotionSettings()
+    tracking: TrackingSettings = TrackingSettings()
+    orchestration: OrchestrationSettings = OrchestrationSettings()
+    watch: WatchSettings = WatchSettings()
+    canaries: CanarySettings = CanarySettings()
+
+    @field_validator("rewards")
+    @classmethod
+    def _at_least_one_reward(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
+        if not rewards:
+            raise ValueError("rewards must name at least one reward function")
+        return rewards
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> PipelineConfig:
+        processes, grpo = self.training_processes(), self.grpo
+        if (grpo.batch_size * processes) % grpo.num_generations:
+            across = f" × {processes} processes = {grpo.batch_size * processes}" if processes > 1 else ""
+            raise ValueError(
+                f"grpo.batch_size ({grpo.batch_size}, per process){across} must be a multiple of "
+                f"grpo.num_generations ({grpo.num_generations}): TRL counts completions, and each prompt needs a "
+                "whole group"
+            )
+        return self
+
+    def training_processes(self) -> int:
+        """How many processes SFT and GRPO train on: ``orchestration.num_processes``, else the accelerate config
+        file's ``num_processes``, else 1.
+
+        >>> PipelineConfig.model_validate({"orchestration": {"num_processes": 2}}).training_processes()
+        2
+        """
+        orchestration = self.orchestration
+        if orchestration.num_processes:
+            return orchestration.num_processes
+        if orchestration.accelerate_config:
+            try:
+                from_file = yaml.safe_load(Path(orchestration.accelerate_config).read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                return 1  # pre-flight names the unreadable file
+            if isinstance(from_file, dict) and isinstance(from_file.get("num_processes"), int):
+                return max(1, from_file["num_processes"])
+        return 1
+
+    def resolved_tracking_uri(self) -> str:
+        """The MLflow tracking URI: the configured one, else ``MLFLOW_TRACKING_URI`` (set on the stack's workers),
+        else a SQLite file under ``output_dir``."""
+        if self.tracking.tracking_uri:
+            return self.tracking.tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        return f"sqlite:///{(self.output_dir.resolve() / 'mlflow.db').as_posix()}"
+
+    def config_hash(self) -> str:
+        """A short content hash of everything that changes what a run produces (output paths excluded)."""
+        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration", "watch"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,303 @@
+"""The settings of each part of a pipeline (model, data, rewards, SFT, GRPO, probe, evaluation, promotion, watch,
+orchestration, tracking, canaries): pydantic models with every default and its description. They are put
+together in ``PipelineConfig`` (``pipeline.py``); loading a YAML file is ``loading.py``.
+
+Owns: every default. Must not import: torch, transformers, Prefect, MLflow (loading a config is static).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TaskKind = Literal["math", "code", "json", "label", "exact"]
+Precision = Literal["auto", "fp32", "bf16"]
+Speedups = Literal["auto", "off"]
+_SPEEDUPS = "auto: grpoflow's speed-ups where they apply (tasks/speedups/); off: stock TRL and transformers."
+
+
+class _Strict(BaseModel):
+    """Base for every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(_Strict):
+    source: str = Field(
+        "smollm2-135m-instruct",
+        description="'smollm2-135m-instruct' (packaged), 'tiny-random' (tests), a local folder, or a Hub id.",
+    )
+    precision: Precision = Field(
+        "auto", description="Compute precision for SFT, GRPO and generation: bf16 autocast or fp32; auto picks."
+    )
+    revision: str | None = None
+
+
+class ArithmeticSettings(_Strict):
+    """The built-in, seeded demo task: integer arithmetic with a boxed answer."""
+
+    num_rows: int = Field(1200, ge=10)
+    min_value: int = 10
+    max_value: int = 99
+    operators: list[Literal["+", "-", "*"]] = ["+"]
+    terms: int = Field(2, ge=2, le=4)
+
+
+class DataSettings(_Strict):
+    source: str = Field(
+        "builtin:arithmetic",
+        description="builtin:arithmetic, a .jsonl/.csv/.parquet file, a saved `datasets` folder, or hub:ID[@CONFIG].",
+    )
+    split: str = "train"
+    columns: dict[str, str] = Field(
+        {}, description="Rename source columns to grpoflow's, e.g. {prompt: question, ground_truth: answer} (GSM8K)."
+    )
+    kind: TaskKind = "math"
+    labels: list[str] | None = Field(
+        None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
+    )
+    system_prompt: str | None = None
+    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    min_prompt_chars: int = Field(1, ge=1)
+    max_prompt_chars: int = Field(4000, ge=1)
+    max_quarantine_share: float = Field(0.2, ge=0.0, le=1.0)
+    arithmetic: ArithmeticSettings = ArithmeticSettings()
+
+    @model_validator(mode="after")
+    def _labels_for_label_kind(self) -> DataSettings:
+        if self.min_prompt_chars > self.max_prompt_chars:
+            raise ValueError("data.min_prompt_chars must not exceed data.max_prompt_chars")
+        return self
+
+
+class RewardSpec(_Strict):
+    name: str = Field(description="A built-in reward name or an import path 'package.module:function'.")
+    weight: float = 1.0
+    args: dict[str, Any] = {}
+    timeout_s: float | None = Field(
+        120.0, gt=0, description="Time budget per batch; past it the batch scores None (counted), training goes on."
+    )
+    path: Path | None = Field(
+        None,
+        description="Folder put on sys.path to import an import-path reward from (relative: to the config file's "
+        "folder). Default: PYTHONPATH, then the config file's folder.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, name: str) -> str:
+        from reward_fns.registry import check_reward_name
+
+        check_reward_name(name)
+        return name
+
+
+class LoraSettings(_Strict):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+
+
+class SFTSettings(_Strict):
+    enabled: bool = True
+    max_steps: int = Field(40, ge=1)
+    learning_rate: float = Field(2e-4, gt=0)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=8)
+    logging_steps: int = Field(5, ge=1)
+    checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
+    speedups: Speedups = Field("auto", description=_SPEEDUPS)
+
+
+class GenerationSettings(_Strict):
+    """How GRPO samples its completions: vLLM on GPU workers, transformers elsewhere."""
+
+    backend: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="auto: vLLM when CUDA and the vllm package (pip install grpoflow[gpu]) are present."
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve`."
+    )
+    vllm_server_base_url: str | None = Field(None, description="Server mode: e.g. http://vllm-host:8000.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Colocate: vLLM's share of GPU memory.")
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+
+
+class DynamicSamplingSettings(_Strict):
+    """The online difficulty filter: groups whose rewards all agree are replaced by groups of other prompts."""
+
+    enabled: bool = False
+    max_oversample: float = Field(
+        1.0, ge=0.0, description="Extra prompts sampled per generation batch: at most this many times its prompts."
+    )
+    retire_after: int = Field(
+        3, ge=0, description="Retire a prompt solved in every sample on this many visits in a row (0: never)."
+    )
+
+
+class SignalStopSettings(_Strict):
+    """Early stops on a dead learning signal, judged on each logged step (0 steps: that check is off)."""
+
+    dead_signal_share: float = Field(0.95, ge=0.0, le=1.0, description="frac_reward_zero_std above this is dead.")
+    dead_signal_steps: int = Field(5, ge=0, description="Stop after this many dead steps in a row (0: never).")
+    entropy_floor: float = Field(0.01, ge=0.0, description="Mean token entropy below this has collapsed.")
+    entropy_steps: int = Field(5, ge=0, description="Stop after this many collapsed steps in a row (0: never).")
+    plateau_steps: int = Field(
+        0, ge=0, description="Stop when the mean reward has not improved for this many steps (0: never)."
+    )
+    plateau_window: int = Field(5, ge=1, description="Steps in the plateau check's moving mean of the reward.")
+    plateau_min_delta: float = Field(0.01, ge=0.0, description="What counts as an improvement of that mean.")
+
+
+class GRPOSettings(_Strict):
+    enabled: bool = True
+    generation: GenerationSettings = GenerationSettings()
+    max_steps: int = Field(30, ge=1)
+    learning_rate: float = Field(2e-5, gt=0)
+    batch_size: int = Field(16, ge=1, description="Completions per step (TRL per_device_train_batch_size).")
+    num_generations: int = Field(8, ge=2, description="Group size G.")
+    max_completion_length: int = Field(24, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    steps_per_generation: int = Field(
+        1, ge=1, description="Sample completions for this many optimizer steps at once (TRL): bigger, faster batches."
+    )
+    beta: float = Field(0.0, ge=0)
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    logging_steps: int = Field(1, ge=1)
+    checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
+    log_completions_every: int = Field(
+        10, ge=0, description="Every N steps, log a table of sampled completions with their rewards (0: never)."
+    )
+    max_none_share: float = Field(
+        0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
+    )
+    dynamic_sampling: DynamicSamplingSettings = DynamicSamplingSettings()
+    stop: SignalStopSettings = SignalStopSettings()
+    speedups: Speedups = Field(
+        "auto", description=_SPEEDUPS + " 'off' also gives probe and evaluation transformers' own generate."
+    )
+
+    @model_validator(mode="after")
+    def _server_mode_needs_a_url(self) -> GRPOSettings:
+        generation = self.generation
+        server = generation.backend != "transformers" and generation.vllm_mode == "server"
+        if server and not generation.vllm_server_base_url:
+            raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
+        return self
+
+
+class ProbeSettings(_Strict):
+    enabled: bool = True
+    num_prompts: int = Field(100, ge=1)
+    min_signal_share: float = Field(
+        0.1, ge=0.0, le=1.0, description="Gate: the share of groups whose rewards are not all equal."
+    )
+    signal_from: Literal["reward", "correctness"] = Field(
+        "reward",
+        description="What must differ within a group for it to count as signal: the weighted reward, or "
+        "correctness (solved or not; partial credit such as 'the code runs' does not count).",
+    )
+    pass_rate_band: tuple[float, float] | None = Field(
+        None, description="Keep for GRPO only prompts whose SFT-probe pass rate lies in [low, high]."
+    )
+    batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
+
+
+class EvaluationSettings(_Strict):
+    num_prompts: int = Field(200, ge=1)
+    n_samples: int = Field(4, ge=1)
+    k: list[int] = [1, 2, 4]
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(24, ge=1)
+    batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
+    bootstrap_resamples: int = Field(2000, ge=100)
+    forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
+    general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")
+    general_questions: Path | None = Field(
+        None,
+        description="JSONL of {question, choices, answers[, category]} (scored by answer likelihood) or "
+        "{question, answers} (scored by greedy generation). Default: shipped.",
+    )
+
+    @model_validator(mode="after")
+    def _n_covers_k(self) -> EvaluationSettings:
+        if max(self.k) > self.n_samples:
+            raise ValueError(f"evaluation.n_samples ({self.n_samples}) must be at least the largest k ({max(self.k)})")
+        return self
+
+
+class PromotionSettings(_Strict):
+    margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
+    pass_at_k_tolerance: float = Field(0.02, ge=0.0)
+    max_qa_accuracy_drop: float = Field(
+        0.05, description="Forgetting: general-QA accuracy lost (0.05 = 5 points) vs the base model and the champion."
+    )
+    max_perplexity_increase: float = Field(0.10, description="Forgetting: relative general-text perplexity rise.")
+    forgetting_test: Literal["lower", "upper", "point"] = Field(
+        "lower",
+        description="Which end of a forgetting drop's 95% interval must exceed its tolerance to reject: lower (a drop "
+        "shown beyond it), upper (reject unless shown within it), or the point estimate.",
+    )
+
+
+class WatchSettings(_Strict):
+    """The champion watch (``grpoflow watch``): re-evaluate ``@champion`` against the champion before it."""
+
+    action: Literal["alert", "rollback"] = Field(
+        "alert", description="On a regression: alert (report and emit an event) or rollback (also move champion)."
+    )
+    include_challenger: bool = Field(False, description="Also evaluate the newest @challenger (reported only).")
+    cooldown_h: float = Field(
+        6.0, ge=0, description="No automatic move within this many hours of any champion move (still reported)."
+    )
+
+
+class OrchestrationSettings(_Strict):
+    task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
+    retry_delay_seconds: int = Field(10, ge=0)
+    min_free_disk_mb: int = Field(1024, ge=0, description="Refuse to start with less free space under output_dir.")
+    grpo_deployment: str | None = Field(
+        None,
+        description="Run GRPO as this Prefect deployment (e.g. 'grpoflow-grpo/grpo-gpu' on a GPU work pool) "
+        "instead of in-process; needs a tracking server both workers reach (tracking.tracking_uri).",
+    )
+    grpo_deployment_timeout_s: float | None = Field(None, gt=0, description="Give up waiting after this long.")
+    remote_checkpoints: str | None = Field(
+        None,
+        description="With grpo_deployment: a folder every GPU worker sees (e.g. a shared mount) for the remote "
+        "GRPO's checkpoints; default: the pipeline's MLflow run artifacts (handoff/grpo-checkpoints).",
+    )
+    num_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Train SFT and GRPO on this many processes (accelerate launch; batch sizes stay per process); "
+        "wins over accelerate_config's num_processes. Default: the accelerate file's count, else 1.",
+    )
+    accelerate_config: str | None = Field(
+        None, description="An accelerate config file for multi-process training (e.g. infra/accelerate/zero2.yaml)."
+    )
+    promotion_lock_timeout_s: float = Field(1800, gt=0, description="Wait this long for another run's promotion.")
+    promotion_lease_s: float = Field(
+        30, gt=1, description="With a tracking server: the promotion lease a killed run leaves expires after this."
+    )
+
+
+class TrackingSettings(_Strict):
+    tracking_uri: str | None = Field(None, description="Default: a SQLite store under output_dir.")
+    registered_model_name: str = "grpoflow-demo"
+    experiment_name: str = "grpoflow"
+    http_retries: int | None = Field(None, ge=0, description="MLflow HTTP retries (default 2; MLflow's own: 7).")
+    http_timeout_s: float | None = Field(None, gt=0, description="MLflow HTTP request timeout (default 20 s).")
+
+
+class CanarySettings(_Strict):
+    """Reward canaries: labelled completions each configured reward must judge as expected, checked in validate."""
+
+    enabled: bool = True
+    file: Path | None = Field(
+        None, description="Extra canaries (JSONL) for custom rewards, beside the task kind's built-in ones."
+    )

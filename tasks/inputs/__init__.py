@@ -1,0 +1,22 @@
+"""TODO inputs"""
+
+from tasks import lazy_surface
+
+# name -> the module behind this package that defines it
+_EXPORTS = {
+    "gx_audit": "expectations",
+    "DataSourceError": "loading",
+    "answer_completion": "loading",
+    "arithmetic_rows": "loading",
+    "load_rows": "loading",
+    "read_jsonl": "loading",
+    "render_prompt": "loading",
+    "write_jsonl": "loading",
+    "RowProblem": "rows",
+    "check_row": "rows",
+    "fingerprint": "rows",
+    "holdout_side": "rows",
+    "normalize_math": "rows",
+    "prompt_text": "rows",
+}
+__getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -1,0 +1,346 @@
+"""Batched sampling shared by probe and evaluation (transformers backend).
+
+Prompts are tokenized once, sorted by length so each batch pads little, and left-padded. Each prompt is
+prefilled once: its KV cache is then copied to its ``n`` samples, so the prompt is not recomputed per sample.
+Decoding uses the KV cache and a batch stops as soon as every sequence has hit EOS. With ``precision="bf16"``
+the matrix products run under bf16 autocast, and the linear layers' weights are packed for oneDNN once per
+call (``packed_for_inference``) rather than prepared on every product.
+
+The decoding loop is this module's own (``_decode``) for the settings GRPO and evaluation use (temperature,
+top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which draws a random number per
+vocabulary entry (so does the exponential race, ``argmax(p / E)``), a large share of a decoding step on CPU
+(README, Performance). Here a token is drawn by inverting the cumulative distribution with one uniform number
+per row. Any other generation setting
+(repetition penalty, suppressed tokens, ...) goes to ``generate``.
+Must not import: Prefect, MLflow, the stages (probe, evaluation and GRPO's sampler call it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from tasks.models.precision import compute_autocast
+from tasks.speedups.packing import packed_for_inference
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The keyword that hands a transformers model its KV cache: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (5.24 still takes the old name, with a deprecation warning).
+
+    >>> cache_argument() in ("cache", "past_key_values")
+    True
+    """
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
+
+
+def with_cache(cache: Any) -> dict[str, Any]:
+    """``{cache_argument(): cache}``: the model call's cache keyword for this transformers."""
+    return {cache_argument(): cache}
+
+
+@dataclass
+class GenerationStats:
+    sequences: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    seed: int = 0,
+    greedy: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    stats: GenerationStats | None = None,
+    precision: str = "fp32",
+    stock: bool = False,
+) -> list[list[str]]:
+    """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
+
+    ``batch_size`` counts sequences (prompts × n); ``greedy`` ignores ``temperature`` and ``n`` > 1 repeats.
+    ``stock`` (``speedups: off``): transformers' own ``generate``, no packed layers, no shared prefill.
+    """
+    if not prompts:
+        return []
+    started = time.perf_counter()
+    samples = 1 if greedy else n
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
+    prompts_per_batch = max(1, batch_size // samples)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
+    results: list[list[str]] = [[] for _ in prompts]
+    generation_config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        **({"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}),
+    )
+    was_training = model.training
+    model.eval()
+    new_tokens = 0
+    try:
+        with nullcontext() if stock else packed_for_inference(model, precision):
+            for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
+                indices = order[start : start + prompts_per_batch]
+                torch.manual_seed(seed + batch_number)
+                with torch.inference_mode(), compute_autocast(precision):
+                    sample = _sample_with_generate if stock else _sample_with_shared_prefill
+                    generated = sample(model, [encoded[i] for i in indices], samples, pad_id, generation_config)
+                new_tokens += int((generated != pad_id).sum())
+                texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+                for offset, index in enumerate(indices):
+                    results[index] = texts[offset * samples : (offset + 1) * samples]
+                done = min(start + prompts_per_batch, len(order))
+                logger.debug("generated %d/%d prompts", done, len(order))
+                if progress:
+                    progress(done, len(order))
+    finally:
+        model.train(was_training)
+    if stats is not None:
+        stats.sequences += len(prompts) * samples
+        stats.new_tokens += new_tokens
+        stats.seconds += time.perf_counter() - started
+    return results
+
+
+def sample_groups(
+    model: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    generation_config: Any,
+    pad_id: int,
+    eos_ids: Sequence[int],
+    precision: str = "fp32",
+) -> list[list[int]]:
+    """Completion token ids for TRL's generation batch, in which each prompt appears once per sample, in a row:
+    each run of equal prompts is prefilled once (``shared_prefill``) and its samples decoded together. Every
+    completion ends at its first EOS (kept), as TRL expects; the order is the input's."""
+    groups: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        if groups and groups[-1][0] == list(ids):
+            groups[-1] = (groups[-1][0], groups[-1][1] + 1)
+        else:
+            groups.append((list(ids), 1))
+    eos = set(eos_ids)
+    results: dict[int, list[list[int]]] = {}
+    with torch.inference_mode(), compute_autocast(precision):
+        for samples in sorted({count for _, count in groups}):  # one batch per group size (usually one size)
+            indices = [i for i, (_, count) in enumerate(groups) if count == samples]
+            rows = _sample_with_shared_prefill(
+                model, [groups[i][0] for i in indices], samples, pad_id, generation_config
+            ).tolist()
+            for k, i in enumerate(indices):
+                results[i] = [_until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
+    return [tokens for i in range(len(groups)) for tokens in results[i]]
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS.
+
+    >>> _until_eos([5, 6, 2, 2, 2], {2})
+    [5, 6, 2]
+    """
+    return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
+
+
+# Generation settings ``_decode`` implements; anything else set goes to ``generate``.
+_DECODE_SETTINGS = {
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "pad_token_id", "bos_token_id",
+    "eos_token_id", "cache_implementation", "disable_compile", "use_cache", "transformers_version",
+    "repetition_penalty",
+}  # fmt: skip
+
+
+def decodable(generation_config: Any) -> bool:
+    """Whether ``_decode`` implements every setting of ``generation_config`` (else ``generate`` runs).
+
+    >>> from transformers import GenerationConfig
+    >>> decodable(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9))
+    True
+    >>> decodable(GenerationConfig(max_new_tokens=8, repetition_penalty=1.2))
+    False
+    """
+    settings = generation_config.to_diff_dict()
+    return (
+        set(settings) <= _DECODE_SETTINGS
+        and settings.get("max_new_tokens") is not None
+        and settings.get("repetition_penalty", 1.0) in (None, 1.0)
+    )
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    *,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> torch.Tensor:
+    """One token per row of ``logits`` (rows × vocabulary): the argmax, or a draw from the tempered, filtered
+    distribution.
+
+    >>> next_tokens(torch.tensor([[0.0, 3.0, 1.0]]), greedy=True).tolist()
+    [1]
+    >>> next_tokens(torch.tensor([[0.0, 9.0, 8.0]]), top_k=1).tolist()
+    [1]
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k:
+        threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        sorted_probabilities = ordered.softmax(dim=-1)
+        mass_before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
+        drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probabilities = logits.softmax(dim=-1)
+    if min_p:
+        probabilities = probabilities.masked_fill(
+            probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
+        )
+    # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
+    cumulative = probabilities.double().cumsum(dim=-1)
+    uniform = torch.rand(cumulative.size(0), 1, dtype=cumulative.dtype, device=cumulative.device)
+    tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token
+    return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
+
+
+def _left_padded(id_lists: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(ids) for ids in id_lists)
+    input_ids = torch.full((len(id_lists), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(id_lists), width), dtype=torch.long)
+    for row, ids in enumerate(id_lists):
+        input_ids[row, width - len(ids) :] = torch.tensor(list(ids))
+        attention[row, width - len(ids) :] = 1
+    return input_ids.to(device), attention.to(device)
+
+
+def _sample_with_generate(
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+) -> torch.Tensor:
+    """The stock path: transformers' ``generate`` with ``samples`` sequences per prompt (rows grouped by prompt).
+    Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+    input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
+    output = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        generation_config=generation_config,
+        num_return_sequences=samples,
+    )
+    return output[:, input_ids.size(1) :]
+
+
+def _sample_with_shared_prefill(
+    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+) -> torch.Tensor:
+    """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
+    prompt). Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+    input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
+    width = input_ids.size(1)
+    if decodable(generation_config):
+        return _decode(model, input_ids, attention, samples, pad_id, generation_config)
+    cache, _ = shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
+    output = model.generate(
+        input_ids=input_ids.repeat_interleave(samples, dim=0),
+        attention_mask=attention.repeat_interleave(samples, dim=0),
+        **with_cache(cache),
+        generation_config=generation_config,
+    )
+    return output[:, width:]
+
+
+def _decode(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, pad_id: int, config: Any
+) -> torch.Tensor:
+    """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows, then
+    decode one token per step until every row has hit EOS or ``max_new_tokens``. Positions count real tokens,
+    as ``generate`` counts them under left padding."""
+    eos = torch.tensor(sorted(_as_list(config.eos_token_id)), device=input_ids.device)
+    choose = {
+        "greedy": not config.do_sample,
+        "temperature": config.temperature or 1.0,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "min_p": config.min_p,
+    }
+    cache, logits = shared_prefill(model, input_ids, attention, samples)
+    attention = attention.repeat_interleave(samples, dim=0)
+    positions = attention.sum(dim=-1, keepdim=True)
+    done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
+    steps: list[torch.Tensor] = []
+    for _ in range(config.max_new_tokens):
+        token = next_tokens(logits, **choose).masked_fill(done, pad_id)
+        steps.append(token)
+        done |= torch.isin(token, eos)
+        if bool(done.all()) or len(steps) == config.max_new_tokens:
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+        logits = model(
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **with_cache(cache),
+        ).logits[:, -1]
+        positions = positions + 1
+    return torch.stack(steps, dim=1)
+
+
+def _as_list(value: int | Sequence[int] | None) -> list[int]:
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def shared_prefill(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int
+) -> tuple[DynamicCache, torch.Tensor | None]:
+    """Run the prompts once and copy the cache to each of their ``samples`` rows; returns it with the last
+    position's logits, one row per sample (``None`` for empty prompts).
+
+    Positions follow the left padding exactly as ``generate`` computes them, so outputs do not change.
+    """
+    cache = DynamicCache(config=model.config)
+    last_logits = None
+    if input_ids.shape[1] > 0:
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            **with_cache(cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        last_logits = output.logits[:, -1].repeat_interleave(samples, dim=0)
+    if samples > 1:
+        cache.batch_repeat_interleave(samples)
+    return cache, last_logits

@@ -1,0 +1,60 @@
+"""Loading models: the tokenizer, the base model on its device, a base with a LoRA adapter, a merged export.
+
+Sources live in ``tasks/models/sources.py``, precision and device in ``tasks/models/precision.py``, anything on private
+torch/PEFT internals in ``tasks/speedups/``. Must not import: Prefect, MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.models.precision import attention_implementation, device
+from tasks.models.sources import resolve_model_source
+
+
+def load_tokenizer(model_dir: Path | str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base_model(model_dir: Path | str) -> Any:
+    """The base model with fp32 weights on the best device (precision is applied as autocast at compute time)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attention_implementation()
+    )
+    return model.to(device())
+
+
+def load_policy(model_dir: Path | str, adapter_dir: Path | str | None, trainable: bool = False) -> Any:
+    """The base model, with the LoRA adapter in ``adapter_dir`` on top when one is given.
+
+    For inference the adapter is merged into the weights (the same function, faster generation); for training
+    it stays a trainable PEFT adapter. The adapter's own ``base_model_name_or_path`` is ignored: the caller
+    names the base (it is an absolute path on the machine that trained it, so not portable).
+    """
+    model = load_base_model(model_dir)
+    if adapter_dir is None:
+        return model
+    from peft import PeftModel
+
+    policy = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+    return policy if trainable else policy.merge_and_unload()
+
+
+def export_merged(base_source: str, adapter_dir: Path, destination: Path) -> Path:
+    """Fold a LoRA adapter into its base model and save a plain model folder (weights, config, tokenizer)."""
+    base_dir = resolve_model_source(base_source)
+    merged = load_policy(base_dir, adapter_dir)
+    destination.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(destination)
+    load_tokenizer(base_dir).save_pretrained(destination)
+    return destination

@@ -1,0 +1,37 @@
+"""TODO tracking"""
+
+from tasks import lazy_surface
+
+# name -> the module behind this package that defines it
+_EXPORTS = {
+    "announce_skipped": "events",
+    "emit_champion_event": "events",
+    "emit_pipeline_event": "events",
+    "runs_closed_on_termination": "events",
+    "handoff_download": "handoff",
+    "handoff_upload": "handoff",
+    "LockTimeout": "locks",
+    "file_lock": "locks",
+    "local_store_path": "locks",
+    "lock_file_for": "locks",
+    "publish_markdown": "reporting",
+    "publish_table": "reporting",
+    "tracked_stage": "reporting",
+    "RUN_ID_TAG": "runs",
+    "RegistryError": "client",
+    "STAGE_TAG": "runs",
+    "StageRun": "runs",
+    "Tracker": "runs",
+    "client_for": "client",
+    "close_pipeline": "runs",
+    "experiment_for": "runs",
+    "finish_pipeline": "runs",
+    "finished_parent_run": "runs",
+    "last_completed_run": "runs",
+    "run_page": "runs",
+    "start_pipeline": "runs",
+    "tag_data_fingerprint": "runs",
+    "prefect_task": "stage_task",
+    "stage_cache_key": "stage_task",
+}
+__getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -1,0 +1,41 @@
+"""TODO training"""
+
+from tasks import lazy_surface
+
+# name -> the module behind this package that defines it
+_EXPORTS = {
+    "CompletionSampleLogger": "callbacks",
+    "NoneShareGuard": "callbacks",
+    "RewardNoneLimitExceeded": "callbacks",
+    "LaunchRequest": "launch",
+    "train_on_processes": "launch",
+    "RetirementPool": "learning_signal",
+    "SIGNAL_STATE_FILE": "learning_signal",
+    "SignalStateSaver": "learning_signal",
+    "SignalStop": "learning_signal",
+    "choose_groups": "learning_signal",
+    "draws_needed": "learning_signal",
+    "informative_groups": "learning_signal",
+    "load_signal_state": "learning_signal",
+    "solved_groups": "learning_signal",
+    "ARTIFACT_DIR": "remote_checkpoints",
+    "CheckpointMirror": "remote_checkpoints",
+    "MlflowStore": "remote_checkpoints",
+    "clear": "remote_checkpoints",
+    "restore_newest": "remote_checkpoints",
+    "store_for": "remote_checkpoints",
+    "CorruptCheckpoint": "trainer",
+    "MetricsHistory": "trainer",
+    "MlflowTrainerCallback": "trainer",
+    "TrainResult": "trainer",
+    "check_checkpoint": "trainer",
+    "checkpoint_history": "trainer",
+    "checkpoint_step": "trainer",
+    "common_trainer_args": "trainer",
+    "logger": "trainer",
+    "lora_config": "trainer",
+    "replay_history": "trainer",
+    "resumable_checkpoint": "trainer",
+    "train_and_save": "trainer",
+}
+__getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

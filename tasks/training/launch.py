@@ -1,0 +1,168 @@
+"""Multi-process training: SFT or GRPO on N processes (``accelerate launch``: torch.distributed, or DeepSpeed from
+an accelerate config file), while the flow itself runs once.
+
+The stage task (one process) writes a request file and launches the group; every rank runs the same plain stage
+function (``run_sft`` / ``run_grpo``); only rank 0 logs to the stage's MLflow run, saves checkpoints and the
+adapter, and writes the result the stage task reads back. A rank that fails writes its error beside the request
+and exits; the launcher (torch's elastic agent) then ends every other rank, so the group never hangs on a dead
+peer, and the stage raises the first rank's error.
+
+Owns: the launch command and the request/result/error files. The ranks' entry point, which runs the stage
+functions, is ``tasks/launch.py`` (``python -m tasks.launch``): a stage module, so nothing here imports a stage.
+Must not import: Prefect (the ranks run no flow).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.config import PipelineConfig
+from tasks.errors import InfrastructureError
+from tasks.layout import CHECKPOINTS
+from tasks.training.trainer import TrainResult, resumable_checkpoint
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_DIR = "launch"  # under the stage's folder: request.json, result.json, rank-N.error.json, ranks.log
+
+
+class TrainingProcessError(InfrastructureError, RuntimeError):
+    """A rank of a multi-process training stage died (its error is in the message)."""
+
+
+@dataclass
+class LaunchRequest:
+    """What every rank needs to run one training stage (JSON on disk: ranks are other processes)."""
+
+    stage: str  # "sft" | "grpo"
+    config: dict[str, Any]
+    train_path: str
+    base_model_dir: str
+    stage_dir: str
+    tracking_uri: str
+    stage_run_id: str
+    sft_adapter_dir: str | None = None
+    keep_ids: list[str] | None = None
+    checkpoint_store: dict[str, Any] | None = None  # tasks.training.remote_checkpoints.store_for's spec (rank 0 copies)
+
+
+def accelerate_command(config: PipelineConfig, request_path: Path, cuda: bool | None = None) -> list[str]:
+    """``accelerate launch`` for the ranks: ``orchestration.num_processes`` wins over the config file's count;
+    without CUDA (and without a file) the ranks use torch.distributed's gloo backend on CPU.
+
+    >>> cfg = PipelineConfig.model_validate({"orchestration": {"num_processes": 2}})
+    >>> " ".join(accelerate_command(cfg, Path("r.json"), cuda=False)[3:])
+    '--num_processes 2 --main_process_port 0 --multi_gpu --mixed_precision no -m tasks.launch r.json'
+    """
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(config.training_processes())]
+    command += ["--main_process_port", "0"]  # a free port: two runs on one machine do not collide
+    accelerate_file = config.orchestration.accelerate_config
+    if accelerate_file:
+        command += ["--config_file", str(accelerate_file)]
+    else:
+        # torchrun-style launch; on CPU, accelerate then picks MULTI_CPU with gloo (the trainers set use_cpu).
+        command += ["--multi_gpu", "--mixed_precision", "bf16" if cuda else "no"]
+    return [*command, "-m", "tasks.launch", str(request_path)]
+
+
+def train_on_processes(
+    stage: str,
+    config: PipelineConfig,
+    stage_run: Any,
+    train_path: Path,
+    base_model_dir: Path,
+    sft_adapter_dir: Path | None = None,
+    keep_ids: set[str] | None = None,
+    checkpoint_store: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Run ``stage`` ("sft" | "grpo") on ``config.training_processes()`` processes and return rank 0's result.
+    ``stage_run`` is the stage's ``tasks.tracking.StageRun`` (rank 0 logs to it); its folder holds the checkpoints."""
+    stage_dir = Path(stage_run.dir)
+    launch_dir = stage_dir / LAUNCH_DIR
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*launch_dir.glob("rank-*.error.json"), launch_dir / "result.json"]:
+        stale.unlink(missing_ok=True)
+    resumable_checkpoint(stage_dir / CHECKPOINTS)  # a corrupt checkpoint is set aside once, here, not by N ranks
+    request = LaunchRequest(
+        stage=stage,
+        config=config.model_dump(mode="json"),
+        train_path=str(train_path),
+        base_model_dir=str(base_model_dir),
+        stage_dir=str(stage_dir),
+        tracking_uri=stage_run.tracking_uri,
+        stage_run_id=stage_run.run_id,
+        sft_adapter_dir=str(sft_adapter_dir) if sft_adapter_dir else None,
+        keep_ids=sorted(keep_ids) if keep_ids is not None else None,
+        checkpoint_store=checkpoint_store,
+    )
+    request_path = launch_dir / "request.json"
+    request_path.write_text(json.dumps(asdict(request)))
+    command = accelerate_command(config, request_path)
+    processes = config.training_processes()
+    logger.info("%s on %d processes: %s", stage, processes, " ".join(command[1:]))
+    started = time.perf_counter()
+    returncode = _run_forwarding_log(command, launch_dir / "ranks.log")
+    if returncode != 0:
+        raise rank_error(launch_dir, stage, returncode)
+    result = json.loads((launch_dir / "result.json").read_text())
+    logger.info("%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"],
+                time.perf_counter() - started)  # fmt: skip
+    return TrainResult(Path(result["adapter_dir"]), result["steps"], result["seconds"], result["history"],
+                       result.get("stop"))  # fmt: skip
+
+
+def _run_forwarding_log(command: list[str], log_path: Path) -> int:
+    """Run the launcher; every line goes to ``log_path``, rank 0's log lines (not progress bars) to this log."""
+    # The ranks run no flow: Prefect's API log handler has nothing to send their records to.
+    env = {**os.environ, "PREFECT_LOGGING_TO_API_ENABLED": "false", "PYTHONWARNINGS": "ignore::FutureWarning"}
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env
+        ) as process,
+    ):
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.write(line)
+            if line.startswith("[rank 0] "):
+                logger.info("%s", line.rstrip()[len("[rank 0] ") :])
+        return process.wait()
+
+
+def rank_error(launch_dir: Path, stage: str, returncode: int) -> Exception:
+    """The error to raise for a failed group: the first failing rank's own error (a grpoflow error keeps its
+    type, so a gate stop on a rank is still a gate stop), else the launcher's exit code and its log's tail."""
+    reports = sorted(
+        (json.loads(path.read_text()) for path in launch_dir.glob("rank-*.error.json")), key=lambda r: r["time"]
+    )
+    if not reports:
+        tail = (launch_dir / "ranks.log").read_text(errors="replace").strip().splitlines()[-5:]
+        return TrainingProcessError(
+            f"{stage}: the training processes exited with code {returncode} and no rank reported an error; "
+            f"last lines of {launch_dir / 'ranks.log'}: {' | '.join(tail)}"
+        )
+    first = reports[0]
+    message = f"{stage} rank {first['rank']}: {first['message']}"
+    try:
+        error_type = getattr(importlib.import_module(first["module"]), first["type"])
+    except (ImportError, AttributeError):
+        error_type = None
+    if isinstance(error_type, type) and first["module"].split(".")[0] in ("tasks", "reward_fns"):
+        try:
+            return error_type(message)
+        except TypeError:
+            pass
+    return TrainingProcessError(f"{message} ({first['type']}); every rank was stopped; log: {launch_dir}/ranks.log")

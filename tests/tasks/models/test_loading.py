@@ -1,0 +1,125 @@
+from pathlib import Path
+
+import pytest
+
+from tasks.models import ModelSourceError, load_base_model, load_tokenizer, resolve_model_source
+
+
+def test_tiny_random_builds_a_llama_with_a_char_tokenizer(tiny_model_dir: Path) -> None:
+    tokenizer = load_tokenizer(tiny_model_dir)
+    text = "What is 12 + 30? \\boxed{42}"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    assert tokenizer.chat_template
+    model = load_base_model(tiny_model_dir)
+    assert model.config.model_type == "llama"
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_tiny_random_is_cached(tiny_model_dir: Path) -> None:
+    assert resolve_model_source("tiny-random") == tiny_model_dir
+
+
+def test_local_folder_is_used_as_is(tiny_model_dir: Path) -> None:
+    assert resolve_model_source(str(tiny_model_dir)) == tiny_model_dir.resolve()
+
+
+def test_missing_local_folder_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="model folder not found"):
+        resolve_model_source(str(tmp_path / "no-model"))
+
+
+def test_folder_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="no config.json"):
+        resolve_model_source(str(tmp_path))
+
+
+def test_hub_id_offline_fails_with_a_clear_message() -> None:
+    with pytest.raises(ModelSourceError, match="cannot fetch Hub model 'Qwen/Qwen2.5-0.5B-Instruct'.*HF_HUB_OFFLINE"):
+        resolve_model_source("Qwen/Qwen2.5-0.5B-Instruct")
+
+
+def test_merged_copy_computes_what_the_adapter_computes(tiny_model_dir: Path, tiny_adapter: Path) -> None:
+    import torch
+
+    from tasks.models import load_policy
+    from tasks.speedups.merged_copy import MergedCopy
+
+    policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
+    inputs = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():  # a trained adapter (PEFT initialises B to zero)
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+        expected = policy(input_ids=inputs).logits
+        merged = MergedCopy(policy, torch.float32)
+        copy = merged.model
+        assert torch.allclose(copy(input_ids=inputs).logits, expected, atol=1e-4)
+        for name, parameter in policy.named_parameters():  # a training step changes the adapter ...
+            if "lora_A" in name:
+                parameter.add_(0.3)
+        changed = policy(input_ids=inputs).logits
+        assert not torch.allclose(changed, expected, atol=1e-3)
+        refreshed = merged.refresh()  # ... and the copy follows, in place
+        assert refreshed is copy and torch.allclose(copy(input_ids=inputs).logits, changed, atol=1e-4)
+    assert not any("lora" in name for name, _ in copy.named_parameters())
+
+
+def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
+    tiny_model_dir: Path, tiny_adapter: Path
+) -> None:
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    from tasks.models import load_policy
+    from tasks.speedups.frozen import store_frozen_in
+    from tasks.speedups.merged_copy import MergedCopy
+
+    policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
+    inputs = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = policy(input_ids=inputs).logits
+    layers = sum(isinstance(m, LoraLayer) for m in policy.modules())
+    assert store_frozen_in(policy, "fp32") == 0  # fp32 stays fp32
+    assert store_frozen_in(policy, "bf16") == layers > 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(policy(input_ids=inputs).logits, expected)  # autocast cast them the same way
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 for p in trainable)  # the adapters keep fp32
+    merged = MergedCopy(policy, torch.bfloat16)  # the fused bf16 merge over bf16 base weights
+    with torch.no_grad():
+        logits = merged.model(input_ids=inputs).logits.float()
+    assert merged.model.dtype == torch.bfloat16
+    assert torch.allclose(logits, expected.float(), atol=0.1), float((logits - expected.float()).abs().max())
+
+
+def test_packed_linear_layers_compute_what_autocast_linear_computes(tiny_model_dir: Path) -> None:
+    """bf16 packing where oneDNN has a bf16 path on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); elsewhere bf16
+    falls back to the plain layers and fp32 packing is checked instead."""
+    import contextlib
+
+    import torch
+
+    from tasks.models import load_base_model
+    from tasks.speedups.packing import PackedLinear, packed_for_inference, packing_available
+
+    assert packing_available(torch.float32)  # this CPU build of torch has oneDNN
+    precision = "bf16" if packing_available(torch.bfloat16) else "fp32"
+    model = load_base_model(tiny_model_dir).eval()
+    inputs = torch.randint(3, 40, (3, 11))
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    with torch.no_grad(), autocast:
+        expected = model(input_ids=inputs).logits
+        with packed_for_inference(model, precision):
+            assert not any(type(m) is torch.nn.Linear for m in model.modules())
+            assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(linears)
+            packed = model(input_ids=inputs).logits
+    assert torch.allclose(packed.float(), expected.float(), atol=1e-2), float((packed - expected).abs().max())
+    assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears  # the originals are back
+    if precision == "fp32":  # no bf16 path here: asking for it leaves the plain layers
+        with torch.no_grad(), packed_for_inference(model, "bf16"):
+            assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears
