@@ -25,7 +25,7 @@ from tasks.evaluation import (
     bootstrap_interval,
     evaluation_table,
     fingerprint,
-    forgetting,
+    forgetting_drop,
     forgetting_metrics,
     general_ability,
     general_questions_trained_on,
@@ -245,11 +245,11 @@ def compare_roles(
     common = {"resamples": settings.bootstrap_resamples, "seed": config.seed, "exclude": trained_on}
     drop = None
     if base.general and candidate.general:
-        drop = forgetting(base.general, candidate.general, **common)
+        drop = forgetting_drop(base.general, candidate.general, **common)
     reference = by_role.get("reference")
     drop_reference = None
     if reference is not None and reference.general and candidate.general:
-        drop_reference = forgetting(reference.general, candidate.general, **common)
+        drop_reference = forgetting_drop(reference.general, candidate.general, **common)
     stage_dir.mkdir(parents=True, exist_ok=True)
     result = EvalResult(
         scores,

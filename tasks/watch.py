@@ -20,7 +20,7 @@ from typing import Any
 
 from tasks.config import PipelineConfig, PromotionSettings, WatchSettings
 from tasks.errors import UserError
-from tasks.evaluation import forgetting, forgetting_problem, watch_table
+from tasks.evaluation import forgetting_drop, forgetting_problem, watch_table
 from tasks.registry import (
     CHALLENGER,
     CHAMPION,
@@ -232,7 +232,7 @@ def watch_scores(config: PipelineConfig, by_role: dict[str, Any]) -> WatchScores
     differences = {f"{role}-vs-champion": compare(config, by_role[role], champion)
                    for role in ("previous", "challenger") if role in by_role}  # fmt: skip
     base = by_role.get("base")
-    drops = {role: forgetting(base.general, score.general, config.evaluation.bootstrap_resamples, config.seed)
+    drops = {role: forgetting_drop(base.general, score.general, config.evaluation.bootstrap_resamples, config.seed)
              for role, score in by_role.items()
              if role != "base" and base is not None and base.general and score.general}  # fmt: skip
     return WatchScores(dict(by_role), differences, drops)

@@ -170,3 +170,14 @@ def test_no_module_over_350_lines(package: str) -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES and str(path.relative_to(REPO)) not in LONG_BY_DESIGN
     }
     assert long == {}
+
+
+def test_no_surface_name_is_also_a_submodule_name() -> None:
+    """Once ``pkg.name`` is imported as a module, ``from pkg import name`` gives the module, not the function."""
+    clashes = []
+    for init in (REPO / "tasks").glob("*/__init__.py"):
+        exports = lazy_exports(ast.parse(init.read_text()))
+        clashes += [f"{init.parent.name}.{name}" for name in exports if (init.parent / f"{name}.py").is_file()]
+        clashes += [f"{init.parent.name}.{name} -> {module}" for name, module in exports.items()
+                    if not (init.parent / f"{module}.py").is_file()]  # fmt: skip
+    assert clashes == []

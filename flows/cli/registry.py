@@ -95,7 +95,7 @@ def pin(
     set_: SetOption = None,
 ) -> None:
     """Pin a version: the champion watch reports on a pinned champion but never reverts it."""
-    from tasks.watch import pin_champion
+    from tasks.registry import pin_champion
 
     pin_champion(registry_client(config, set_, tracking_uri), name, version, reason)
     console.print(f"{name} v{version} pinned: {reason}")
@@ -105,7 +105,7 @@ def unpin(
     name: NameArg, config: ConfigOption = None, tracking_uri: TrackingOption = None, set_: SetOption = None
 ) -> None:
     """Remove the pin: the champion watch may revert the champion again."""
-    from tasks.watch import unpin_champion
+    from tasks.registry import unpin_champion
 
     unpin_champion(registry_client(config, set_, tracking_uri), name)
     console.print(f"{name}: no pin")

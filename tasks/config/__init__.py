@@ -1,4 +1,9 @@
-"""TODO config"""
+"""The one configuration model every stage reads (``PipelineConfig``; the only place defaults live) and its
+loading: YAML, ``--set`` overrides, paths anchored to the config's folder, custom reward imports.
+Must not import: torch, transformers, Prefect, MLflow.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 

@@ -1,25 +1,30 @@
-"""TODO evaluation"""
+"""Scoring and statistics: rewards on completions, pass@k (unbiased estimator), bootstrap and paired
+intervals, the forgetting check with its general sets (``general_sets/``), and how an evaluation is shown.
+Must not import: Prefect, MLflow, a stage.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
-    "general_questions_trained_on": "forgetting",
-    "evaluation_table": "report",
-    "pass_at_k_curve": "report",
-    "watch_table": "report",
     "DEFAULT_CORPUS": "forgetting",
     "DEFAULT_QUESTIONS": "forgetting",
     "GeneralAbility": "forgetting",
     "fingerprint": "forgetting",
     "general_ability": "forgetting",
+    "general_questions_trained_on": "forgetting",
     "load_questions": "forgetting",
+    "evaluation_table": "report",
+    "pass_at_k_curve": "report",
+    "watch_table": "report",
     "bootstrap_interval": "scoring",
     "paired_difference": "scoring",
     "pass_at_k": "scoring",
     "score_groups": "scoring",
     "describe": "statistics",
-    "forgetting": "statistics",
+    "forgetting_drop": "statistics",
     "forgetting_metrics": "statistics",
     "forgetting_problem": "statistics",
     "minimum_detectable_drop": "statistics",

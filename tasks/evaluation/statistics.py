@@ -67,7 +67,7 @@ def overlapping_questions(ids: list[str], questions: list[str], training_prompts
     return {i for i, question in zip(ids, questions, strict=True) if any(fold(question) in p for p in prompts)}
 
 
-def forgetting(
+def forgetting_drop(
     base: Any, trained: Any, resamples: int = 2000, seed: int = 0, exclude: set[str] | None = None
 ) -> dict[str, Any]:
     """What ``trained`` lost against ``base`` (two ``GeneralAbility``): the QA-accuracy drop (points, base −
@@ -77,7 +77,7 @@ def forgetting(
     >>> from tasks.evaluation.forgetting import GeneralAbility
     >>> a = GeneralAbility(10.0, 0.5, 4, 20, [1, 1, 0, 0], None, ["x"] * 4, [20.0, 26.0], [10, 10])
     >>> b = GeneralAbility(10.0, 0.5, 4, 20, [1, 1, 0, 0], None, ["x"] * 4, [20.0, 26.0], [10, 10], [0.0, 0.0])
-    >>> d = forgetting(a, b); d["qa_accuracy_drop"], d["qa_drop_interval"], d["perplexity_interval"], d["kl"]
+    >>> d = forgetting_drop(a, b); d["qa_accuracy_drop"], d["qa_drop_interval"], d["perplexity_interval"], d["kl"]
     (0.0, [0.0, 0.0], [0.0, 0.0], 0.0)
     """
     result: dict[str, Any] = {

@@ -1,4 +1,9 @@
-"""TODO inputs"""
+"""What goes in: data loading (JSONL, CSV, Parquet, ``datasets`` folders, Hub ids, built-in sets), prompt
+rendering, the row rules that normalise ``ground_truth`` and quarantine bad rows, and the Great Expectations suite.
+Must not import: Prefect, MLflow, torch.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 

@@ -1,4 +1,9 @@
-"""TODO models"""
+"""The policy: model sources (packaged SmolLM2, folders, Hub ids, the tiny test model), loading base models and
+adapters, precision, and generation (one component: grpoflow's transformers loop or transformers' ``generate``).
+Must not import: Prefect, MLflow, a stage.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 

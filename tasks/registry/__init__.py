@@ -1,13 +1,14 @@
-"""TODO registry"""
+"""The MLflow Model Registry: versions and alias lookups, the champion's history and moves, pins, the
+promotion lock, migrating old versions, what a version holds (packaging, model card) and its pyfunc loader.
+Must not import: torch, transformers, Prefect (``grpoflow rollback`` loads only this), a stage.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
-    "PIN_TAG": "pins",
-    "pin_champion": "pins",
-    "pinned_version": "pins",
-    "unpin_champion": "pins",
     "MOVE_TAG_PREFIX": "champions",
     "apply_promotion": "champions",
     "champion_moves": "champions",
@@ -25,6 +26,10 @@ _EXPORTS = {
     "base_fingerprint": "packaging",
     "check_base_fingerprint": "packaging",
     "save_version_model": "packaging",
+    "PIN_TAG": "pins",
+    "pin_champion": "pins",
+    "pinned_version": "pins",
+    "unpin_champion": "pins",
     "CHALLENGER": "versions",
     "CHAMPION": "versions",
     "HISTORY_TAG": "versions",

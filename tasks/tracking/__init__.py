@@ -1,9 +1,16 @@
-"""TODO tracking"""
+"""A pipeline run in MLflow and Prefect: the MLflow client and runs of each stage, Prefect artifacts and
+events, hand-off of files between workers, the store lock, and the stages' Prefect task decorator (cache keys).
+Must not import: torch, transformers, a stage.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
+    "RegistryError": "client",
+    "client_for": "client",
     "announce_skipped": "events",
     "emit_champion_event": "events",
     "emit_pipeline_event": "events",
@@ -18,11 +25,9 @@ _EXPORTS = {
     "publish_table": "reporting",
     "tracked_stage": "reporting",
     "RUN_ID_TAG": "runs",
-    "RegistryError": "client",
     "STAGE_TAG": "runs",
     "StageRun": "runs",
     "Tracker": "runs",
-    "client_for": "client",
     "close_pipeline": "runs",
     "experiment_for": "runs",
     "finish_pipeline": "runs",

@@ -1,4 +1,9 @@
-"""TODO training"""
+"""What SFT and GRPO share below their stage modules: trainer arguments, callbacks and checkpoints, the
+multi-process launch (the ranks' entry point is ``tasks/launch.py``), the learning-signal guards, and checkpoints
+that outlive a worker. Must not import: Prefect, a stage.
+
+Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
+"""
 
 from tasks import lazy_surface
 

@@ -2,6 +2,7 @@
 check's general sets, the reward canaries, and the moved-module aliases that old registered versions import."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,14 @@ print(json.dumps({"module": forgetting.__file__, "files": [str(f) for f in files
 
 
 def test_an_installed_wheel_finds_its_data_files(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # a copy of the tracked files: pip builds in the tree it is given
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for name in tracked.splitlines():
+        if name.split("/")[0] in ("tasks", "flows", "reward_fns") or name in ("pyproject.toml", "README.md"):
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path)]
-    subprocess.run([*build, str(REPO)], check=True, capture_output=True)
+    subprocess.run([*build, str(source)], check=True, capture_output=True)
     wheel = next(tmp_path.glob("grpoflow-*.whl"))
     site = tmp_path / "site"
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)]

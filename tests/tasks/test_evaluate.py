@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tasks.evaluate import ModelSpec, compare_roles, evaluation_table, run_evaluate, score_model
-from tasks.evaluation import forgetting, general_ability
+from tasks.evaluation import forgetting_drop, general_ability
 from tasks.models import load_base_model, load_tokenizer
 
 
@@ -49,8 +49,8 @@ def test_forgetting_probe_sees_a_damaged_model(tiny_model_dir) -> None:
     before = general_ability(healthy, tokenizer)
     after = general_ability(damaged, tokenizer)
     assert before.corpus_tokens > 1000 and before.qa_questions >= 400
-    assert forgetting(before, after)["perplexity_increase"] > 0.5
-    same = forgetting(before, general_ability(healthy, tokenizer))
+    assert forgetting_drop(before, after)["perplexity_increase"] > 0.5
+    same = forgetting_drop(before, general_ability(healthy, tokenizer))
     assert same["qa_accuracy_drop"] == same["perplexity_increase"] == 0.0
 
 

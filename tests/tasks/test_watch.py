@@ -17,11 +17,12 @@ from tasks.registry import (
     champion_moves,
     client_for,
     move_champion,
+    pin_champion,
     register_adapter,
     rollback_champion,
 )
 from tasks.tracking import start_pipeline
-from tasks.watch import LAST_WATCH_TAG, WatchRefused, pin_champion, run_watch
+from tasks.watch import LAST_WATCH_TAG, WatchRefused, run_watch
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tasks.config import PromotionSettings
 from tasks.evaluation import (
     DEFAULT_QUESTIONS,
     fingerprint,
-    forgetting,
+    forgetting_drop,
     forgetting_problem,
     general_ability,
     load_questions,
@@ -45,7 +45,7 @@ def test_the_shipped_sets_are_big_enough_and_labelled() -> None:
 def test_an_unchanged_adapter_is_not_rejected_and_its_intervals_hold_zero(tiny_model_dir, lora_adapter, tmp_path):
     base = _ability(tiny_model_dir, None)
     same = _ability(tiny_model_dir, lora_adapter(tmp_path / "zero", 0.0))
-    drop = forgetting(base, same)
+    drop = forgetting_drop(base, same)
     assert _contains_zero(drop["qa_drop_interval"]) and _contains_zero(drop["perplexity_interval"])
     assert drop["kl"] < 1e-6 and drop["kl_interval"][0] <= 1e-6  # KL is never negative: its interval starts at 0
     assert forgetting_problem(drop, PromotionSettings(), "the base model") is None
@@ -55,7 +55,7 @@ def test_an_unchanged_adapter_is_not_rejected_and_its_intervals_hold_zero(tiny_m
 def test_a_damaged_adapter_is_rejected_with_the_interval_in_the_reason(tiny_model_dir, lora_adapter, tmp_path):
     base = _ability(tiny_model_dir, None)
     damaged = _ability(tiny_model_dir, lora_adapter(tmp_path / "damaged", 1.0))
-    drop = forgetting(base, damaged)
+    drop = forgetting_drop(base, damaged)
     assert drop["perplexity_interval"][0] > 0.5 and drop["kl_interval"][0] > 0.1  # both move on the tiny model
     reason = forgetting_problem(drop, PromotionSettings(), "the base model")
     assert reason.startswith("forgetting against the base model: general-text perplexity rose")
@@ -78,7 +78,7 @@ def test_general_questions_found_in_the_training_data_are_left_out(tiny_model_di
                                        [f"Please answer: {items[0]['question']}", "What is 2 + 2?"])  # fmt: skip
     assert trained_on == {items[0]["id"]}
     base = _ability(tiny_model_dir, None)
-    drop = forgetting(base, base, exclude=trained_on)
+    drop = forgetting_drop(base, base, exclude=trained_on)
     assert drop["n_questions"] == len(items) - 1 and drop["qa_excluded_overlapping_training"] == 1
 
 
@@ -109,7 +109,7 @@ def test_smollm2_loses_general_qa_beyond_the_tolerance_when_damaged(tmp_path, no
     model.save_pretrained(tmp_path / "damaged")
     base = _ability(base_dir, None, "auto")
     damaged = _ability(base_dir, tmp_path / "damaged", "auto")
-    drop = forgetting(base, damaged)
+    drop = forgetting_drop(base, damaged)
     assert base.qa_accuracy > 0.4 and drop["qa_drop_interval"][0] > 0.05
     reason = forgetting_problem(drop, PromotionSettings(), "the base model")
     assert reason.startswith("forgetting against the base model: general QA accuracy fell")
