@@ -48,9 +48,9 @@ def lazy_surface(package: str, exports: dict[str, str]) -> tuple[Any, Any, list[
     name to the module behind the package that defines it. Importing the package imports none of them, so a name
     costs only its own module's imports, and the files behind a package can move without breaking callers.
 
-    >>> getattr_, dir_, all_ = lazy_surface("tasks.tracking", {"client_for": "runs"})
+    >>> getattr_, dir_, all_ = lazy_surface("tasks.tracking", {"client_for": "client"})
     >>> getattr_("client_for").__module__, all_
-    ('tasks.tracking.runs', ['client_for'])
+    ('tasks.tracking.client', ['client_for'])
     """
 
     def __getattr__(name: str) -> Any:

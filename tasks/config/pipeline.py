@@ -1,5 +1,6 @@
 """The one configuration model every stage reads: ``PipelineConfig``, the settings of ``settings.py`` put
 together, with the checks that span sections and the hash that keys a run's cache.
+Must not import: torch, transformers, Prefect, MLflow.
 
 >>> cfg = PipelineConfig.model_validate({"grpo": {"num_generations": 4, "batch_size": 8}})
 >>> cfg.grpo.num_generations, cfg.model.source
@@ -11,7 +12,6 @@ pydantic_core._pydantic_core.ValidationError: 1 validation error for PipelineCon
 grpo.num_generation
   Extra inputs are not permitted [type=extra_forbidden, input_value=4, input_type=int]
 ...
-Must not import: torch, transformers, Prefect, MLflow.
 """
 
 from __future__ import annotations
