@@ -82,6 +82,9 @@ MOVED_MODULES = {
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import tasks.data`` gives the module it moved to (the same module object, not a copy)."""
 
+    def __init__(self) -> None:
+        self._own_specs: dict[str, importlib.machinery.ModuleSpec] = {}  # by alias: imports may run in threads
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED_MODULES:
             return None
@@ -89,12 +92,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = importlib.import_module(MOVED_MODULES[spec.name])
-        self._own_spec = module.__spec__
+        self._own_specs[spec.name] = module.__spec__
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
         # The import system stamped the alias's spec on the real module: give it back its own.
-        module.__spec__ = self._own_spec
+        module.__spec__ = self._own_specs.pop(module.__spec__.name)
 
 
 if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):

@@ -72,7 +72,7 @@ def import_graph(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
             parts = target.split(".")
             targets |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules}
         targets.discard(name)
-        graph[name] = targets - {p for p in _parents(name)}  # a module's own parents are imported before it
+        graph[name] = targets - set(_parents(name))  # a module's own parents are imported before it
     return graph
 
 

@@ -64,7 +64,8 @@ def evaluate(
     set_: SetOption = None,
 ) -> None:
     """Evaluate a registered adapter alone on the config's hold-out split (and the base model beside it)."""
-    from tasks.evaluate import ModelSpec, evaluation_table, run_evaluate
+    from tasks.evaluate import ModelSpec, run_evaluate
+    from tasks.evaluation import evaluation_table
     from tasks.models import resolve_model_source
     from tasks.preflight import preflight
     from tasks.registry import fetch_adapter

@@ -5,8 +5,8 @@ import itertools
 import pytest
 import torch
 
-from tasks.evaluate import ModelSpec, compare_roles, evaluation_table, run_evaluate, score_model
-from tasks.evaluation import forgetting_drop, general_ability
+from tasks.evaluate import ModelSpec, compare_roles, run_evaluate, score_model
+from tasks.evaluation import evaluation_table, forgetting_drop, general_ability
 from tasks.models import load_base_model, load_tokenizer
 
 
