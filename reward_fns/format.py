@@ -8,7 +8,10 @@ from typing import Any
 
 from reward_fns.text import MAX_ANSWER_CHARS, Completion, completion_text, last_boxed
 
-_THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# A block's content holds none of the four tags: a lazy ``.*?`` would stretch over a second block or a nested one.
+_NO_TAG = r"(?:(?!</?(?:think|answer)>).)*"
+_THINK_ANSWER = re.compile(rf"^\s*<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>\s*$", re.DOTALL)
 
 
 def boxed_format(completions: list[Completion], **kwargs: Any) -> list[float | None]:
@@ -27,10 +30,18 @@ def boxed_format(completions: list[Completion], **kwargs: Any) -> list[float | N
 
 
 def think_answer_format(completions: list[Completion], **kwargs: Any) -> list[float | None]:
-    """1.0 for ``<think>…</think><answer>…</answer>`` and nothing else around it.
+    """1.0 for exactly one ``<think>…</think>`` block followed by exactly one ``<answer>…</answer>`` block, with
+    only white space before, between and after them, and none of the four tags inside either block; else 0.0.
 
     >>> think_answer_format(completions=["<think>a</think><answer>b</answer>", "<answer>b</answer>"])
     [1.0, 0.0]
+    >>> think_answer_format(completions=[
+    ...     "\\n<think>\\na\\n</think>\\n<answer>\\nb\\n</answer>\\n",  # white space around and between: fine
+    ...     "<think>a<think>b</think></think><answer>c</answer>",  # nested
+    ...     "<think>a</think> so <think>b</think><answer>c</answer>",  # two think blocks, text between
+    ...     "<think>a</think><answer>b</answer><answer>c</answer>",  # two answers
+    ... ])
+    [1.0, 0.0, 0.0, 0.0]
     """
     return [float(bool(_THINK_ANSWER.match(completion_text(c)))) for c in completions]
 
@@ -41,5 +52,4 @@ def tag_count(completions: list[Completion], **kwargs: Any) -> list[float | None
     >>> tag_count(completions=["<think>x</think>", "<think>x</think><answer>y</answer>", "<think><think>"])
     [0.5, 1.0, 0.0]
     """
-    tags = ("<think>", "</think>", "<answer>", "</answer>")
-    return [0.25 * sum(1 for tag in tags if completion_text(c).count(tag) == 1) for c in completions]
+    return [0.25 * sum(1 for tag in _TAGS if completion_text(c).count(tag) == 1) for c in completions]

@@ -2,7 +2,11 @@
 
 The final ``\\boxed{}`` is the answer. Gold answers are parsed once per distinct value (cached). When both the
 gold and the boxed answer are plain decimal numbers they are compared exactly, which is what math-verify
-concludes for them too, without its parse (``bench/bench_math_reward.py`` measures the difference).
+concludes for them too, without its parse (``bench/bench_math_reward.py`` measures the difference). A plain
+number may group its thousands by commas (``12,345``, as math-verify reads them) or by spaces or thin spaces
+(``12 345``, ``12\\,345``: grpoflow's rule, since math-verify adds the groups: ``1 234`` → 235); any other comma
+or space (``4, 5``, ``2,5``, ``0,111``, ``7 8``) is left to math-verify. A gold that math-verify's LaTeX parser
+reads only in part is not judged (None), never scored against the fragment.
 Must not import: Prefect, MLflow, torch, ``tasks``.
 """
 
@@ -19,16 +23,23 @@ from math_verify import LatexExtractionConfig, parse, verify
 from reward_fns.text import MAX_ANSWER_CHARS, Completion, boxed_contents, completion_text
 
 _PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
+# Thousands groups: a first group of 1-3 digits (not a lone 0), then groups of exactly three, one separator
+# throughout: a comma (also LaTeX's ``{,}``), a space, or a thin space (``\,``, ``\ ``, ``~``).
+_GROUPED_NUMBER = re.compile(r"^[+-]?(?:[1-9]\d{0,2})(?P<sep>,|\{,\}| |\\,|\\ |~)\d{3}(?:(?P=sep)\d{3})*(\.\d+)?$")
 _TIMEOUT_SECONDS = 5
 
 
 def plain_number(text: str) -> Decimal | None:
-    """``text`` as a Decimal when it is a plain number (thousands commas and spaces allowed), else None.
+    """``text`` as a Decimal when it is a plain number, its thousands grouped or not, else None.
 
-    >>> plain_number("1,234"), plain_number(" -7.50 "), plain_number("\\\\frac{1}{2}")
-    (Decimal('1234'), Decimal('-7.50'), None)
+    >>> plain_number("1,234"), plain_number(" -7.50 "), plain_number("12 345"), plain_number("\\\\frac{1}{2}")
+    (Decimal('1234'), Decimal('-7.50'), Decimal('12345'), None)
+    >>> [plain_number(t) for t in ["4, 5", "2,5", "0,111", "1,22", "7 8", "1,234 567"]]
+    [None, None, None, None, None, None]
     """
-    candidate = text.strip().replace(",", "").replace(" ", "")
+    candidate = text.strip()
+    if grouped := _GROUPED_NUMBER.match(candidate):
+        candidate = candidate.replace(grouped["sep"], "")
     if not _PLAIN_NUMBER.match(candidate):
         return None
     try:
@@ -69,16 +80,37 @@ def _timeout() -> int | None:
     return _TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
+_GOLD_CONFIG = [LatexExtractionConfig()]
+
+
+def partial_parse(text: str) -> str | None:
+    """What math-verify's default parse makes of ``text`` when its LaTeX parser cannot read all of it but its
+    plain-expression extraction finds a fragment (None otherwise): validation names it in the row's reason.
+
+    >>> partial_parse("4 + \\mathbb{R}"), partial_parse("10^{3"), partial_parse("\\frac{1}{2}")
+    ('4', '10', None)
+    """
+    if parse_gold(text):
+        return None
+    try:
+        fragment = parse(f"${text}$", parsing_timeout=_timeout())
+    except Exception:
+        return None
+    values = [item for item in fragment if not isinstance(item, str)]
+    return str(values[0]) if values else None
+
+
 @lru_cache(maxsize=65536)
 def parse_gold(gold: str) -> tuple[Any, ...]:
-    """math-verify's parse of a gold answer, cached: one parse per distinct gold. Empty when unparseable
-    (math-verify then returns only the raw string, with no expression beside it).
+    """math-verify's LaTeX parse of a gold answer, cached: one parse per distinct gold. Empty when its LaTeX
+    parser cannot read the whole answer. (math-verify's default also tries plain-expression extraction, which
+    takes a number out of a fragment: ``4 + \\mathbb{R}`` → 4, ``10^{3`` → 10; that is no gold to score against.)
 
-    >>> bool(parse_gold("\\frac{1}{2}")), bool(parse_gold("\\frac{"))
-    (True, False)
+    >>> bool(parse_gold("\\frac{1}{2}")), bool(parse_gold("\\frac{")), bool(parse_gold("4 + \\mathbb{R}"))
+    (True, False, False)
     """
     try:
-        parsed = tuple(parse(f"${gold}$", parsing_timeout=_timeout()))
+        parsed = tuple(parse(f"${gold}$", extraction_config=_GOLD_CONFIG, parsing_timeout=_timeout()))
     except Exception:
         return ()
     return parsed if any(not isinstance(item, str) for item in parsed) else ()

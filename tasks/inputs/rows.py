@@ -18,13 +18,15 @@ from decimal import Decimal
 from typing import Any
 
 from reward_fns.label import normalize_exact
-from reward_fns.math import is_prose, parse_gold, plain_number
+from reward_fns.math import is_prose, parse_gold, partial_parse, plain_number
 from reward_fns.text import last_boxed
 from tasks.config import DataSettings
 from tasks.inputs.loading import _Unreadable
 
 _UNIT_SUFFIX = re.compile(r"^([-+]?[\d.,]+)\s*(?:[a-zA-Z]+\.?|%)$")
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
+# Digits joined by commas with no space after them, and not thousands groups (``2,5``, ``0,111``, ``1,22``): a
+# decimal comma or a list, and a gold answer cannot be both.
+_AMBIGUOUS_COMMAS = re.compile(r"^[-+]?\d+(,\d+)+$")
 
 
 class RowProblem(ValueError):
@@ -43,12 +45,16 @@ def _canonical_number(value: Decimal) -> str:
 def normalize_math(raw: Any) -> str:
     """A math answer as the rewards compare it: boxed or ``####`` extracted, ``$``/units/commas stripped.
 
-    >>> [normalize_math(x) for x in ["#### 1,234", r"\\boxed{\\frac{1}{2}}", "$5.50", "12 apples", 7, 3.0]]
-    ['1234', '\\\\frac{1}{2}', '5.5', '12', '7', '3']
+    >>> [normalize_math(x) for x in ["#### 1,234", r"\\boxed{\\frac{1}{2}}", "$5.50", "12 apples", 7, 3.0, "4, 5"]]
+    ['1234', '\\\\frac{1}{2}', '5.5', '12', '7', '3', '4, 5']
     >>> normalize_math("\\\\frac{")
     Traceback (most recent call last):
     ...
     tasks.inputs.rows.RowProblem: math answer '\\\\frac{' is not parseable by math-verify
+    >>> normalize_math("2,5")
+    Traceback (most recent call last):
+    ...
+    tasks.inputs.rows.RowProblem: math answer '2,5' is ambiguous: a decimal comma or a list? (write 2.5 or 2, 5)
     """
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise RowProblem(f"ground_truth has type {type(raw).__name__}, expected a string or number")
@@ -67,16 +73,21 @@ def normalize_math(raw: Any) -> str:
     text = text.strip().strip("$").strip().rstrip(".").strip()
     if unit := _UNIT_SUFFIX.match(text):
         text = unit.group(1)
-    if _THOUSANDS.match(text):
-        text = text.replace(",", "")
     if not text:
         raise RowProblem("math answer is empty after normalization")
-    number = plain_number(text) if "," not in text else None
+    number = plain_number(text)
     if number is not None:
         return _canonical_number(number)
+    if _AMBIGUOUS_COMMAS.match(text):
+        decimal, listed = text.replace(",", ".", 1), text.replace(",", ", ")
+        # Not a thousands separator (``plain_number`` said so): the comma may be a decimal comma or a list's.
+        raise RowProblem(f"math answer {text!r} is ambiguous: a decimal comma or a list? (write {decimal} or {listed})")
     if is_prose(text):
         raise RowProblem(f"math answer {text!r} is words, not a mathematical answer (use data.kind exact or label)")
     if not parse_gold(text):
+        if (fragment := partial_parse(text)) is not None:
+            raise RowProblem(f"math answer {text!r} is read only in part by math-verify (as {fragment}); rewrite it "
+                             "so that all of it is LaTeX math-verify parses")  # fmt: skip
         raise RowProblem(f"math answer {text!r} is not parseable by math-verify")
     return text
 
