@@ -39,6 +39,20 @@ def shared_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple
     return firsts[order], order.argsort()[of_row]
 
 
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """``cache.batch_select_indices(rows)``, with ``index_select``: its backward (``index_add_``) sums the gradients
+    of the rows that share a prompt in a fixed order. Advanced indexing's backward (an accumulating ``index_put_``)
+    sums them in whatever order the threads finish on CPU, so the same seed gave a different adapter from run to
+    run (``bench/bench_reproducibility.py``). Layers that keep more than keys and values use their own method."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+            layer.batch_select_indices(rows)
+        elif layer.get_seq_length() > 0:
+            layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+
+
 def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> Any:
     """The logits that predict the last ``logits_to_keep`` tokens of each row (rows × tokens × vocab), the same as
     ``model(input_ids, attention_mask, logits_to_keep=logits_to_keep + 1).logits[:, :-1]`` but with each distinct
@@ -62,10 +76,10 @@ def completion_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch
         **with_cache(cache),
         use_cache=True,
         logits_to_keep=1,
-    ).logits[of_row]
+    ).logits.index_select(0, of_row)
     if logits_to_keep == 1:
         return head
-    cache.batch_select_indices(of_row)  # differentiable: the rows' gradients sum into their shared prompt
+    select_cache_rows(cache, of_row)  # differentiable: the rows' gradients sum into their shared prompt
     tail = model(
         input_ids=input_ids[:, prompt_length:-1],  # the last token predicts nothing that is kept
         attention_mask=attention_mask[:, :-1],

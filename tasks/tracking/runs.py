@@ -2,7 +2,8 @@
 
 Everything goes through an explicit ``MlflowClient`` and run ids (no fluent "active run"), so stages work the
 same in any thread or worker process.
-Owns: the run lifecycle and its tags. Must not import: torch, transformers, Prefect (the trainer callback lives
+Owns: the run lifecycle and its tags. Must not import: transformers, Prefect; torch only to read its thread count
+when a pipeline run starts (the trainer callback lives
 in ``tasks/training/trainer.py``, Prefect artifacts and events in ``reporting.py`` and ``events.py``).
 """
 
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,7 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
                 RUN_ID_TAG: run_id,
                 "grpoflow.config_hash": config.config_hash(),
                 "grpoflow.name": config.name,
+                **reproducibility_tags(config.seed),
                 **({"grpoflow.resumed_from": ",".join(earlier)} if earlier else {}),
             },
         )
@@ -224,6 +227,28 @@ def start_pipeline(config: Any, layout: RunLayout) -> Tracker:
     stage = StageRun(tracker.tracking_uri, parent.info.run_id, "pipeline", layout.run_dir)
     stage.log_params(_flatten(config.model_dump(mode="json")))
     return tracker
+
+
+# What decides a run's numbers besides its config: same seed, thread count and versions give the same adapter.
+REPRODUCED_BY = ("torch", "transformers", "trl", "peft", "accelerate", "numpy", "math-verify", "vllm", "grpoflow")
+
+
+def reproducibility_tags(seed: int) -> dict[str, str]:
+    """The seed, torch's intra-op thread count and the versions of the libraries that decide a run's numbers, as
+    tags of the parent run (a library that is not installed is left out).
+
+    >>> tags = reproducibility_tags(7); tags["grpoflow.seed"], "grpoflow.version.torch" in tags
+    ('7', True)
+    """
+    import torch  # the flow's process trains or generates with it anyway; its thread count is the one in force
+
+    tags = {"grpoflow.seed": str(seed), "grpoflow.torch_threads": str(torch.get_num_threads())}
+    for package in REPRODUCED_BY:
+        try:
+            tags[f"grpoflow.version.{package}"] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return tags
 
 
 def close_open_runs(

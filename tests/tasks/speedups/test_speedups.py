@@ -45,3 +45,32 @@ def test_an_unchecked_release_turns_them_off_with_one_log_line(monkeypatch, capl
 )
 def test_outside_checked_names_each_package_out_of_range(installed, outside) -> None:
     assert [line.split()[0] for line in speedups.outside_checked(installed)] == outside
+
+
+def test_rows_sharing_a_prompt_sum_their_gradients_in_a_fixed_order() -> None:
+    """The shared-prefill loss selects each row's prompt from the cache; the backward sums the rows' gradients
+    into the prompt. Advanced indexing summed them in thread order (4-7 different gradients in 30 identical
+    calls at this size), so the same seed trained different adapters; ``select_cache_rows`` sums in one order."""
+    import hashlib
+
+    import torch
+    from transformers import DynamicCache
+
+    from tasks.speedups.grpo_trainer import select_cache_rows
+
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(2, 9, 64, 576, generator=generator) for _ in range(2))  # two distinct prompts
+    of_row = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1] * 2)
+    upstream = torch.randn(16, 9, 64, 576, generator=generator)
+    seen = set()
+    for _ in range(12):
+        leaf_keys, leaf_values = keys.clone().requires_grad_(True), values.clone().requires_grad_(True)
+        cache = DynamicCache()
+        cache.update(leaf_keys, leaf_values, 0)
+        select_cache_rows(cache, of_row)
+        assert torch.equal(cache.layers[0].keys, keys[of_row])  # the rows batch_select_indices would keep
+        ((cache.layers[0].keys + cache.layers[0].values) * upstream).sum().backward()
+        seen.add(hashlib.sha256(leaf_keys.grad.numpy().tobytes() + leaf_values.grad.numpy().tobytes()).hexdigest())
+    assert len(seen) == 1
+    expected = torch.stack([upstream[of_row == prompt].sum(0) for prompt in (0, 1)])
+    torch.testing.assert_close(leaf_keys.grad, expected)
