@@ -55,11 +55,28 @@ def rank_main(request_path: Path) -> None:
         report = {"rank": rank, "type": type(exc).__name__, "module": type(exc).__module__,
                   "message": str(exc)[:2000], "time": time.time()}  # fmt: skip
         (launch_dir / f"rank-{rank}.error.json").write_text(json.dumps(report))
+        leave_process_group(finished=False)
         raise
     if rank == 0:
         payload = {"adapter_dir": str(result.adapter_dir), "steps": result.steps, "seconds": result.seconds,
                    "history": result.history, "stop": result.stop}  # fmt: skip
         (launch_dir / "result.json").write_text(json.dumps(payload))
+    leave_process_group(finished=True)
+
+
+def leave_process_group(finished: bool) -> None:
+    """End this rank's part in the process group before the interpreter exits. Left to interpreter shutdown,
+    gloo's threads are destroyed still joinable and the process aborts ("terminate called without an active
+    exception", SIGABRT) after its work is done. A finished rank first waits at a barrier until every rank is past
+    its last collective and rank 0 has written the result; a failing rank does not wait for peers that may be gone.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ adapter, and writes the result the stage task reads back. A rank that fails writ
 and exits; the launcher (torch's elastic agent) then ends every other rank, so the group never hangs on a dead
 peer, and the stage raises the first rank's error.
 
-Owns: the launch command and the request/result/error files. The ranks' entry point, which runs the stage
+Owns: the launch command and the request/result/error/exit files. The ranks' entry point, which runs the stage
 functions, is ``tasks/launch.py`` (``python -m tasks.launch``): a stage module, so nothing here imports a stage.
 Must not import: Prefect (the ranks run no flow).
 """
@@ -115,8 +115,15 @@ def train_on_processes(
     logger.info("%s on %d processes: %s", stage, processes, " ".join(command[1:]))
     started = time.perf_counter()
     returncode = _run_forwarding_log(command, launch_dir / "ranks.log")
-    if returncode != 0:
+    (launch_dir / "exit.json").write_text(json.dumps({"returncode": returncode}))
+    finished = (launch_dir / "result.json").is_file() and not list(launch_dir.glob("rank-*.error.json"))
+    if returncode != 0 and not finished:
         raise rank_error(launch_dir, stage, returncode)
+    if returncode != 0:
+        # Rank 0 wrote the result after the last collective, so every rank did its share of the training: a rank
+        # that died after that (at exit) must not throw the whole adapter away. Said, not hidden.
+        logger.warning("%s: a rank exited with code %d after the stage finished; its result and adapter are whole "
+                       "and kept (log: %s)", stage, returncode, launch_dir / "ranks.log")  # fmt: skip
     result = json.loads((launch_dir / "result.json").read_text())
     logger.info("%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"],
                 time.perf_counter() - started)  # fmt: skip

@@ -49,3 +49,11 @@ def test_the_same_seed_gives_the_same_adapter_beside_a_cpu_burner(tmp_path: Path
     assert _adapter_hashes(tmp_path / "idle" / "repro") == _adapter_hashes(tmp_path / "loaded" / "repro")
     assert _table(first) == _table(second)
     assert first["evaluation"]["models"]["grpo"]["n_samples"] == config.evaluation.n_samples
+    # What a rerun needs is on the parent run: seed, thread count, library versions.
+    import torch
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(config.resolved_tracking_uri()).get_run(first["mlflow"]["parent_run_id"]).data.tags
+    assert tags["grpoflow.seed"] == str(config.seed)
+    assert tags["grpoflow.torch_threads"] == str(torch.get_num_threads())
+    assert tags["grpoflow.version.torch"] == torch.__version__ and "grpoflow.version.trl" in tags

@@ -37,6 +37,9 @@ def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) 
         loss = client.get_metric_history(stage_runs[0].info.run_id, "loss")
         assert sorted(m.step for m in loss) == list(range(1, steps + 1)), stage  # each step logged once
         assert stage_runs[0].data.metrics["train_steps"] == steps
+    for stage in ("sft", "grpo"):  # every rank ended cleanly: none aborted at exit after its work
+        exit_file = config.output_dir / "tiny-ddp" / stage / "launch" / "exit.json"
+        assert json.loads(exit_file.read_text()) == {"returncode": 0}, stage
     launch = config.output_dir / "tiny-ddp" / "grpo" / "launch"
     log = (launch / "ranks.log").read_text()
     assert "[rank 1]" not in log or "[rank 0]" in log  # both ranks ran; rank 0 logged
