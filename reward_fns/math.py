@@ -25,7 +25,7 @@ from reward_fns.text import MAX_ANSWER_CHARS, Completion, boxed_contents, comple
 _PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 # Thousands groups: a first group of 1-3 digits (not a lone 0), then groups of exactly three, one separator
 # throughout: a comma (also LaTeX's ``{,}``), a space, or a thin space (``\,``, ``\ ``, ``~``).
-_GROUPED_NUMBER = re.compile(r"^[+-]?(?:[1-9]\d{0,2})(?P<sep>,|\{,\}| |\\,|\\ |~)\d{3}(?:(?P=sep)\d{3})*(\.\d+)?$")
+_GROUPED_NUMBER = re.compile(r"^[+-]?[1-9]\d{0,2}(?P<sep>,|\{,\}| |\\,|\\ |~)\d{3}(?:(?P=sep)\d{3})*(\.\d+)?$")
 _TIMEOUT_SECONDS = 5
 
 

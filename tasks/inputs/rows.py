@@ -79,9 +79,11 @@ def normalize_math(raw: Any) -> str:
     if number is not None:
         return _canonical_number(number)
     if _AMBIGUOUS_COMMAS.match(text):
-        decimal, listed = text.replace(",", ".", 1), text.replace(",", ", ")
-        # Not a thousands separator (``plain_number`` said so): the comma may be a decimal comma or a list's.
-        raise RowProblem(f"math answer {text!r} is ambiguous: a decimal comma or a list? (write {decimal} or {listed})")
+        # Not thousands groups (``plain_number`` said so): one comma may be a decimal comma, several may group
+        # digits another way (12,34,567 in Indian notation); or it is a list.
+        number = text.replace(",", ".") if text.count(",") == 1 else text.replace(",", "")
+        raise RowProblem(f"math answer {text!r} is ambiguous: a decimal comma or a list? (write {number} or "
+                         f"{text.replace(',', ', ')})")  # fmt: skip
     if is_prose(text):
         raise RowProblem(f"math answer {text!r} is words, not a mathematical answer (use data.kind exact or label)")
     if not parse_gold(text):
