@@ -35,7 +35,7 @@ from tasks.evaluation import (
     score_groups,
 )
 from tasks.inputs import prompt_text, read_jsonl, render_prompt
-from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer
+from tasks.models import GenerationStats, load_policy, policy_sampler
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage
 
@@ -146,21 +146,19 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         settings.n_samples,
         ", then the forgetting probe" if settings.forgetting else "",
     )
-    tokenizer = load_tokenizer(spec.base_model_dir)
-    model = load_policy(spec.base_model_dir, spec.adapter_dir)
+    sampler = policy_sampler(config, spec.base_model_dir, spec.adapter_dir, settings.batch_size)
+    tokenizer = sampler.tokenizer
     prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     stats = GenerationStats()
     common = {
         "max_new_tokens": settings.max_new_tokens,
-        "batch_size": settings.batch_size,
         "stats": stats,
-        "precision": config.model.precision,
         "progress": lambda done, total: logger.info("evaluate %s: %d/%d prompts", spec.name, done, total),
-        "stock": not speedups_on(config.grpo.speedups),
     }
-    greedy = generate_completions(model, tokenizer, prompts, greedy=True, seed=config.seed, **common)
-    sampled = generate_completions(
-        model, tokenizer, prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
+    logger.info("evaluate %s: sampling with %s", spec.name, sampler.backend)
+    greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
+    sampled = sampler.sample(
+        prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
     )
     greedy_correct = score_groups(config, rows, greedy)["correct"][:, 0]
     sample_correct = score_groups(config, rows, sampled)["correct"]
@@ -172,6 +170,8 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
         model_key = base_key if spec.adapter_dir is None else None
         if spec.adapter_dir is not None and spec.registered_version is not None:
             model_key = fingerprint(spec.base_model_dir, spec.adapter_dir)
+        # Forgetting scores likelihoods: the transformers model, whichever engine sampled.
+        model = getattr(sampler, "model", None) or load_policy(spec.base_model_dir, spec.adapter_dir)
         general = general_ability(
             model,
             tokenizer,

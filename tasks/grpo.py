@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
 from tasks.config import GenerationSettings, PipelineConfig
 from tasks.inputs import read_jsonl, render_prompt
@@ -25,7 +23,7 @@ from tasks.layout import (
     HANDOFF_TRAIN,
     RemoteGrpoRequest,
 )
-from tasks.models import load_policy, load_tokenizer
+from tasks.models import load_policy, load_tokenizer, pipeline_backend, pipeline_engine_spec
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
 from tasks.training import (
@@ -35,6 +33,7 @@ from tasks.training import (
     MlflowTrainerCallback,
     NoneShareGuard,
     RewardNoneLimitExceeded,
+    SamplerAgreementGuard,
     SignalStateSaver,
     SignalStop,
     TrainResult,
@@ -64,26 +63,6 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
     ]
 
 
-def resolve_backend(backend: str, cuda: bool | None = None, vllm_installed: bool | None = None) -> str:
-    """The generation backend GRPO will use: ``auto`` means vLLM when CUDA and vllm are both present.
-
-    >>> resolve_backend("auto", cuda=True, vllm_installed=True)
-    'vllm'
-    >>> resolve_backend("auto", cuda=False, vllm_installed=True)
-    'transformers'
-    """
-    import importlib.util
-
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    vllm_installed = importlib.util.find_spec("vllm") is not None if vllm_installed is None else vllm_installed
-    if backend == "vllm" and not (cuda and vllm_installed):
-        missing = "CUDA" if not cuda else "the vllm package (pip install 'grpoflow[gpu]')"
-        raise RuntimeError(f"grpo.generation.backend is 'vllm' but this worker has no {missing}")
-    if backend == "auto":
-        return "vllm" if cuda and vllm_installed else "transformers"
-    return backend
-
-
 def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any]:
     """TRL GRPOConfig arguments for the backend (``use_vllm`` and its mode, server URL, memory share).
 
@@ -105,24 +84,42 @@ def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any
     return args
 
 
+def vllm_setup(config: PipelineConfig, base_model_dir: Path, backend: str) -> Any:
+    """How this pipeline's GRPO reaches vLLM (``tasks.speedups.vllm_colocate.VllmSetup``), or None."""
+    if backend != "vllm":
+        return None
+    from tasks.speedups.vllm_colocate import VllmSetup
+
+    generation = config.grpo.generation
+    if generation.vllm_mode == "server":
+        return VllmSetup("server", server_url=generation.vllm_server_base_url,
+                         server_timeout_s=generation.vllm_server_timeout_s)  # fmt: skip
+    return VllmSetup("colocate", engine=pipeline_engine_spec(config, base_model_dir))
+
+
 @functools.cache
 def grpo_trainer_class(speedups: str) -> type:
     """The trainer GRPO runs: TRL's ``GRPOTrainer`` with the online difficulty filter (a feature: on with either
     setting), over grpoflow's shared-prefill trainer with ``auto`` (where ``speedups_on`` allows), over TRL's own
     with ``off``.
 
-    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:3]]
-    ['DynamicSamplingMixin', 'GRPOTrainer']
+    Either one generates through vLLM when it is given a ``vllm_setup`` (``VllmAdapterSync``: adapter-only sync).
+
+    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:4]]
+    ['DynamicSamplingMixin', 'VllmAdapterSync', 'GRPOTrainer']
     """
     from trl import GRPOTrainer
 
     from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
+    from tasks.speedups.vllm_colocate import VllmAdapterSync
 
     if not speedups_on(speedups):
-        return type("StockGRPOTrainer", (DynamicSamplingMixin, GRPOTrainer), {})
+        return type("StockGRPOTrainer", (DynamicSamplingMixin, VllmAdapterSync, GRPOTrainer), {})
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
 
-    return type("SharedPrefillGRPOTrainerWithFilter", (DynamicSamplingMixin, SharedPrefillGRPOTrainer), {})
+    return type(
+        "SharedPrefillGRPOTrainerWithFilter", (DynamicSamplingMixin, VllmAdapterSync, SharedPrefillGRPOTrainer), {}
+    )
 
 
 def run_grpo(
@@ -151,8 +148,9 @@ def run_grpo(
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
-    backend = resolve_backend(settings.generation.backend)
-    logger.info("GRPO generation backend: %s (configured: %s)", backend, settings.generation.backend)
+    backend = pipeline_backend(config)
+    logger.info("GRPO generation backend: %s (configured: %s%s)", backend, settings.generation.backend,
+                f", {settings.generation.vllm_mode} mode" if backend == "vllm" else "")  # fmt: skip
     args = GRPOConfig(
         **generation_args(settings.generation, backend),
         **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
@@ -181,6 +179,7 @@ def run_grpo(
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
+        vllm_setup=vllm_setup(config, base_model_dir, backend),
         **({"precision": config.model.precision} if speedups else {}),
         model=model,
         reward_funcs=rewards,
@@ -193,6 +192,7 @@ def run_grpo(
             NoneShareGuard(rewards, settings.max_none_share),
             signal_stop,
             SignalStateSaver(pool),
+            *([SamplerAgreementGuard(settings.generation.vllm_max_logp_difference)] if backend == "vllm" else []),
             *(
                 [CompletionSampleLogger(rewards, weights, settings.log_completions_every, completion_sink)]
                 if completion_sink
@@ -205,7 +205,14 @@ def run_grpo(
         store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
     started = time.perf_counter()
     replay_history(resume_from, [recorder, signal_stop, *callbacks])
-    steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
+    try:
+        steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
+    finally:
+        close = getattr(getattr(trainer, "vllm_generation", None), "close", None)
+        if close is not None:
+            close()  # the synced adapters' folder
+    generated_by = trainer.generation_record.describe()
+    logger.info("GRPO generated with %s", generated_by)
     for reward in rewards:  # however short the run: an adapter trained on unjudged samples is not promoted
         stats = reward.stats
         if stats.scored and stats.none_share > settings.max_none_share:
@@ -215,7 +222,9 @@ def run_grpo(
                 f"{stats.last_error}); the run stops before evaluation and promotion"
             )
     stop = signal_stop.verdict.to_json() if signal_stop.verdict else None
-    return TrainResult(stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history, stop)
+    return TrainResult(
+        stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history, stop, generated_by=generated_by
+    )
 
 
 @prefect_task("grpo", cache="stage")
@@ -232,7 +241,7 @@ def grpo_task(
     ``checkpoint_store`` (``tasks.training.remote_checkpoints.store_for``): each checkpoint is also copied there."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
-        stage.set_tags({"generation_backend": resolve_backend(config.grpo.generation.backend),
+        stage.set_tags({"generation_backend_configured": config.grpo.generation.backend,
                         "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__})  # fmt: skip
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
@@ -253,6 +262,9 @@ def grpo_task(
                 completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
             )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        if result.generated_by:  # what generated, not what was configured
+            stage.set_tags({"generation_backend": result.generated_by.split(" ")[0],
+                            "generation": result.generated_by[:4000]})  # fmt: skip
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)
         return result

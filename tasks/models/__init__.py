@@ -1,5 +1,6 @@
 """The policy: model sources (packaged SmolLM2, folders, Hub ids, the tiny test model), loading base models and
-adapters, precision, and generation (one component: grpoflow's transformers loop or transformers' ``generate``).
+adapters, precision, and generation: one component (``sampling.PolicySampler``) with two engines, transformers
+(grpoflow's loop or transformers' ``generate``) and vLLM (in this process or a server's).
 Must not import: Prefect, MLflow, a stage.
 
 Callers import from this package; the modules behind it may move (``_EXPORTS`` maps each name to its module).
@@ -24,7 +25,26 @@ _EXPORTS = {
     "ModelSourceError": "sources",
     "SMOLLM2": "sources",
     "TINY_RANDOM": "sources",
+    "TINY_RANDOM_VLLM": "sources",
     "cache_dir": "sources",
     "resolve_model_source": "sources",
+    "EngineSpec": "vllm_engine",
+    "VllmSampler": "vllm_engine",
+    "adapter_digest": "vllm_engine",
+    "adapter_request": "vllm_engine",
+    "close_engine": "vllm_engine",
+    "engine_spec": "vllm_engine",
+    "shared_engine": "vllm_engine",
+    "vllm_installed": "vllm_engine",
+    "ServerSampler": "vllm_server",
+    "VllmServerClient": "vllm_server",
+    "VllmServerUnavailable": "vllm_server",
+    "server_command": "vllm_server",
+    "PolicySampler": "sampling",
+    "TransformersSampler": "sampling",
+    "pipeline_backend": "sampling",
+    "pipeline_engine_spec": "sampling",
+    "policy_sampler": "sampling",
+    "resolve_backend": "sampling",
 }
 __getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -8,6 +8,7 @@ Must not import: Prefect, MLflow; torch and transformers only inside the builder
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
+# The same tiny model with 2 attention heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ..., not 16).
+TINY_RANDOM_VLLM = "tiny-random-h32"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TINY_VERSION = "v1"
 
@@ -82,8 +85,9 @@ def _convert_smollm2(destination: Path) -> None:
     tokenizer.save_pretrained(destination)
 
 
-def build_tiny_random(destination: Path, seed: int = 0) -> None:
-    """A 2-layer Llama with random weights and a character-level tokenizer (printable ASCII + newline)."""
+def build_tiny_random(destination: Path, seed: int = 0, heads: int = 4) -> None:
+    """A 2-layer Llama with random weights and a character-level tokenizer (printable ASCII + newline);
+    ``heads`` attention heads share its 64 hidden units."""
     import torch
     from tokenizers import Tokenizer, decoders, models
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -107,8 +111,8 @@ def build_tiny_random(destination: Path, seed: int = 0) -> None:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=1024,
         pad_token_id=vocab["<pad>"],
         bos_token_id=vocab["<s>"],
@@ -126,6 +130,9 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
         return _publish(_convert_smollm2, cache_dir() / "models" / SMOLLM2)
     if source == TINY_RANDOM:
         return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
+    if source == TINY_RANDOM_VLLM:
+        build = functools.partial(build_tiny_random, heads=2)
+        return _publish(build, cache_dir() / "models" / f"{TINY_RANDOM_VLLM}-{_TINY_VERSION}")
     local = Path(source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():

@@ -12,6 +12,8 @@ _EXPORTS = {
     "CompletionSampleLogger": "callbacks",
     "NoneShareGuard": "callbacks",
     "RewardNoneLimitExceeded": "callbacks",
+    "SamplerAgreementGuard": "callbacks",
+    "SamplerMismatch": "callbacks",
     "LaunchRequest": "launch",
     "train_on_processes": "launch",
     "RetirementPool": "learning_signal",

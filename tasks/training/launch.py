@@ -128,7 +128,7 @@ def train_on_processes(
     logger.info("%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"],
                 time.perf_counter() - started)  # fmt: skip
     return TrainResult(Path(result["adapter_dir"]), result["steps"], result["seconds"], result["history"],
-                       result.get("stop"))  # fmt: skip
+                       result.get("stop"), generated_by=result.get("generated_by"))  # fmt: skip
 
 
 def _run_forwarding_log(command: list[str], log_path: Path) -> int:

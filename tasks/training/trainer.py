@@ -30,6 +30,7 @@ class TrainResult:
     seconds: float
     history: list[dict[str, float]] = field(default_factory=list)
     stop: dict[str, Any] | None = None  # GRPO's early-stop verdict (tasks.training.learning_signal.StopVerdict), if any
+    generated_by: str | None = None  # GRPO: what generated its samples (GenerationRecord.describe)
 
     def last(self, key: str) -> float | None:
         """The last logged value of ``key``, if any."""

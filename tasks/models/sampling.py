@@ -1,0 +1,142 @@
+"""One generation component with two engines: probe and evaluation ask a ``PolicySampler`` for completions, and
+the pipeline's generation backend decides which engine answers — transformers (grpoflow's decoding loop, or
+transformers' own ``generate`` with ``speedups: off``) or vLLM (the in-process engine GRPO's colocate mode shares,
+or a vLLM server). Same prompts, same sampling settings (temperature over the whole vocabulary, greedy for
+accuracy), same answer shape: ``n`` completion texts per prompt, in prompt order.
+Must not import: Prefect, MLflow, the stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from tasks.errors import UserError
+
+KV_CACHE_CAP_BYTES = 2 * 2**30  # the CPU default's ceiling (vllm_kv_cache_gib overrides it)
+
+
+class PolicySampler(Protocol):
+    """What probe and evaluation sample with; ``backend`` names the engine, ``tokenizer`` renders prompts."""
+
+    backend: str
+    tokenizer: Any
+
+    def sample(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        max_new_tokens: int = 32,
+        seed: int = 0,
+        greedy: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        stats: Any = None,
+    ) -> list[list[str]]: ...
+
+
+class TransformersSampler:
+    """The transformers engine: ``generate_completions`` on a loaded policy (kept as ``model``, which evaluation's
+    forgetting check scores with as well)."""
+
+    backend = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, batch_size: int, precision: str, stock: bool) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.precision = precision
+        self.stock = stock
+
+    def sample(self, prompts: Sequence[str], **settings: Any) -> list[list[str]]:
+        """``generate_completions`` with this sampler's batch size, precision and engine choice."""
+        from tasks.models.generation import generate_completions
+
+        return generate_completions(
+            self.model, self.tokenizer, prompts, batch_size=self.batch_size, precision=self.precision,
+            stock=self.stock, **settings,
+        )  # fmt: skip
+
+
+def resolve_backend(backend: str, mode: str = "colocate", cuda: bool | None = None, vllm: bool | None = None) -> str:
+    """The generation backend a pipeline runs: ``auto`` is vLLM where CUDA and vLLM are both here (on a CPU
+    grpoflow's own loop is faster: ``bench/bench_vllm.py``) or when a server is configured; ``vllm`` is honoured on
+    any device once vLLM is installed (server mode needs no vLLM in this process).
+
+    >>> resolve_backend("auto", cuda=True, vllm=True), resolve_backend("auto", cuda=False, vllm=True)
+    ('vllm', 'transformers')
+    >>> resolve_backend("vllm", cuda=False, vllm=True), resolve_backend("vllm", "server", cuda=False, vllm=False)
+    ('vllm', 'vllm')
+    """
+    import torch
+
+    from tasks.models.vllm_engine import INSTALL_HINT, vllm_installed
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    vllm = vllm_installed() if vllm is None else vllm
+    if backend == "transformers":
+        return "transformers"
+    if mode == "server":
+        return "vllm"
+    if backend == "vllm" and not vllm:
+        raise UserError(f"grpo.generation.backend is 'vllm' but vLLM is not installed here: {INSTALL_HINT}, "
+                        "or set grpo.generation.backend to auto")  # fmt: skip
+    return "vllm" if backend == "vllm" or (cuda and vllm) else "transformers"
+
+
+def pipeline_backend(config: Any) -> str:
+    """``resolve_backend`` for a pipeline config's ``grpo.generation``."""
+    generation = config.grpo.generation
+    return resolve_backend(generation.backend, generation.vllm_mode)
+
+
+def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
+    """The in-process vLLM engine a pipeline uses (one spec per config, so its stages share one engine)."""
+    import torch
+
+    from tasks.models.precision import resolve_dtype
+    from tasks.models.vllm_engine import engine_spec
+
+    generation, grpo = config.grpo.generation, config.grpo
+    max_num_seqs = max(grpo.batch_size * grpo.steps_per_generation, 64)
+    spec = engine_spec(
+        base_model_dir,
+        precision_dtype="bfloat16" if resolve_dtype(config.model.precision) == torch.bfloat16 else "float32",
+        lora_rank=config.lora.r,
+        max_model_len=generation.vllm_max_model_len,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=generation.vllm_gpu_memory_utilization,
+        kv_cache_gib=generation.vllm_kv_cache_gib,
+        seed=config.seed,
+        cuda=torch.cuda.is_available(),
+    )
+    if generation.vllm_kv_cache_gib is None and spec.kv_cache_bytes is not None:
+        from dataclasses import replace
+
+        spec = replace(spec, kv_cache_bytes=min(spec.kv_cache_bytes, KV_CACHE_CAP_BYTES))
+    return spec
+
+
+def policy_sampler(config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int) -> PolicySampler:
+    """The sampler the pipeline's backend gives for a base model and an adapter (or none)."""
+    from tasks.models.loading import load_policy, load_tokenizer
+
+    tokenizer = load_tokenizer(base_model_dir)
+    if pipeline_backend(config) == "vllm":
+        generation = config.grpo.generation
+        if generation.vllm_mode == "server":
+            from tasks.models.vllm_server import ServerSampler, VllmServerClient
+
+            client = VllmServerClient(generation.vllm_server_base_url, timeout_s=generation.vllm_server_timeout_s)
+            client.check()
+            return ServerSampler(client, tokenizer, adapter_dir)
+        from tasks.models.vllm_engine import VllmSampler, shared_engine
+
+        return VllmSampler(shared_engine(pipeline_engine_spec(config, base_model_dir)), tokenizer, adapter_dir)
+    from tasks.speedups import speedups_on
+
+    model = load_policy(base_model_dir, adapter_dir)
+    stock = not speedups_on(config.grpo.speedups)
+    return TransformersSampler(model, tokenizer, batch_size, config.model.precision, stock)

