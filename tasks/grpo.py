@@ -93,8 +93,10 @@ def vllm_setup(config: PipelineConfig, base_model_dir: Path, backend: str) -> An
     generation = config.grpo.generation
     if generation.vllm_mode == "server":
         return VllmSetup("server", server_url=generation.vllm_server_base_url,
-                         server_timeout_s=generation.vllm_server_timeout_s)  # fmt: skip
-    return VllmSetup("colocate", engine=pipeline_engine_spec(config, base_model_dir))
+                         server_timeout_s=generation.vllm_server_timeout_s,
+                         sync_root=generation.vllm_adapter_dir)  # fmt: skip
+    return VllmSetup("colocate", engine=pipeline_engine_spec(config, base_model_dir),
+                     sync_root=generation.vllm_adapter_dir)  # fmt: skip
 
 
 @functools.cache

@@ -82,9 +82,29 @@ def path_problems(config: PipelineConfig) -> list[str]:
     return problems
 
 
+def generation_problem(config: PipelineConfig) -> str | None:
+    """What keeps the configured vLLM backend from running here: vLLM asked for in-process but not installed.
+    A configured server that does not answer raises ``VllmServerUnavailable`` (an infrastructure error)."""
+    from tasks.models.vllm_engine import INSTALL_HINT, vllm_installed
+    from tasks.models.vllm_server import VllmServerClient
+
+    generation = config.grpo.generation
+    if generation.backend == "transformers" or not (config.grpo.enabled or config.probe.enabled):
+        return None
+    if generation.vllm_mode == "server" and generation.vllm_server_base_url:
+        VllmServerClient(generation.vllm_server_base_url, timeout_s=10).check()
+    elif generation.backend == "vllm" and not vllm_installed():
+        return f"grpo.generation.backend: 'vllm' but vLLM is not installed here ({INSTALL_HINT})"
+    return None
+
+
 def preflight(config: PipelineConfig) -> None:
-    """Raise PreflightError naming every missing input (at most three in the message) before anything starts."""
+    """Raise PreflightError naming every missing input (at most three in the message) before anything starts;
+    a configured vLLM server that does not answer is named too (exit 4)."""
     problems = path_problems(config)
+    generation = generation_problem(config)
+    if generation:
+        problems.append(generation)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise PreflightError("; ".join(problems[:3]) + more)

@@ -3,6 +3,7 @@ isolated Prefect home, so tests run offline and leave nothing behind."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -30,6 +31,8 @@ import pytest  # noqa: E402
 from tasks.config import PipelineConfig, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# tests/vllm needs vLLM, which `make test` does not install: `make test-vllm` runs it in its own venv.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ COMMANDS = (
     registry.rollback, registry.versions, registry.history, registry.watch, registry.pin, registry.unpin,
     models.generate, models.evaluate, models.export,
     registry.migrate,
-    servers.up, servers.deploy,
+    servers.up, servers.deploy, servers.vllm_serve,
 )  # fmt: skip
 for _command in COMMANDS:
     app.command()(_command)

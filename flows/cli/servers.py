@@ -1,4 +1,5 @@
-"""The servers around runs: ``up`` (the MLflow and Prefect UIs) and ``deploy`` (Prefect deployments)."""
+"""The servers around runs: ``up`` (the MLflow and Prefect UIs), ``deploy`` (Prefect deployments) and ``vllm-serve``
+(a vLLM server for GRPO's server mode)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,49 @@ def deploy(
     names = register(prefect_file or PREFECT_FILE, env)
     console.print("registered: " + ", ".join(names))
     console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")
+
+
+def vllm_serve(
+    config: ConfigArg = None,
+    config_option: ConfigOption = None,
+    set_: SetOption = None,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0 on a GPU host that serves others).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[
+        int | None, typer.Option(help="Port. Default: the port of grpo.generation.vllm_server_base_url, or 8000.")
+    ] = None,
+    print_only: Annotated[bool, typer.Option("--print", help="Print the command instead of running it.")] = False,
+) -> None:
+    """Serve the config's base model with vLLM for grpo.generation.vllm_mode: server. Adapters are loaded at run
+    time (LoRA on, the config's dtype and context length); the folders GRPO writes must be readable here (same
+    host, or a shared path). Ctrl-C stops it."""
+    import shlex
+    import subprocess
+    from urllib.parse import urlparse
+
+    from tasks.errors import UserError
+    from tasks.models import resolve_model_source, vllm_installed
+    from tasks.models.sampling import pipeline_server_command
+    from tasks.models.vllm_engine import INSTALL_HINT
+
+    cfg = config_from(config, set_, config_option)
+    url = cfg.grpo.generation.vllm_server_base_url
+    port = port or (urlparse(url).port if url else None) or 8000
+    command, env = pipeline_server_command(cfg, resolve_model_source(cfg.model.source), host, port)
+    if print_only:
+        console.print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(command), soft_wrap=True)
+        return
+    if not vllm_installed():
+        raise UserError(f"vLLM is not installed in this Python ({INSTALL_HINT})")
+    console.print(
+        f"vLLM server on http://{host}:{port} (set grpo.generation.vllm_server_base_url to it); Ctrl-C stops it"
+    )
+    process = subprocess.Popen(command, env={**os.environ, **env})
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        code = process.wait()
+    if code not in (0, -15):
+        raise SystemExit(code)

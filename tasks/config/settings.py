@@ -136,6 +136,11 @@ class GenerationSettings(_Strict):
         description="vLLM's KV cache in GiB. None: on a CPU, room for the batch at vllm_max_model_len tokens, at "
         "most 2 GiB; on a GPU, what vllm_gpu_memory_utilization leaves.",
     )
+    vllm_adapter_dir: Path | None = Field(
+        None,
+        description="Where GRPO writes the adapter it hands vLLM after each step (a new folder per run). None: "
+        "/dev/shm. Server mode on another host: a path both hosts read.",
+    )
     vllm_max_model_len: int = Field(1024, ge=64, description="Prompt plus completion tokens vLLM accepts.")
     vllm_max_logp_difference: float = Field(
         0.1,

@@ -44,6 +44,7 @@ _EXPORTS = {
     "TransformersSampler": "sampling",
     "pipeline_backend": "sampling",
     "pipeline_engine_spec": "sampling",
+    "pipeline_server_command": "sampling",
     "policy_sampler": "sampling",
     "resolve_backend": "sampling",
 }

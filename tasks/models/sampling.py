@@ -140,3 +140,20 @@ def policy_sampler(config: Any, base_model_dir: Path, adapter_dir: Path | None, 
     model = load_policy(base_model_dir, adapter_dir)
     stock = not speedups_on(config.grpo.speedups)
     return TransformersSampler(model, tokenizer, batch_size, config.model.precision, stock)
+
+
+def pipeline_server_command(
+    config: Any, base_model_dir: Path, host: str, port: int
+) -> tuple[list[str], dict[str, str]]:
+    """The command (and the environment it adds) that serves this pipeline's base model with vLLM for server
+    mode: the same dtype, LoRA rank, context length and KV-cache size as the in-process engine, adapters loaded at
+    run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
+    from tasks.models.vllm_server import server_command
+
+    spec = pipeline_engine_spec(config, base_model_dir)
+    command = server_command(
+        base_model_dir, host=host, port=port, dtype=spec.dtype, max_lora_rank=spec.max_lora_rank,
+        max_model_len=spec.max_model_len, kv_cache_bytes=spec.kv_cache_bytes,
+        gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
+    )  # fmt: skip
+    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}

@@ -114,6 +114,13 @@ class VllmServerClient:
         self._loaded = [name]
         self.model = name
 
+    def unload_adapters(self) -> None:
+        """Unload the adapters this client loaded (the server keeps serving its base model)."""
+        for old in self._loaded:
+            self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": old})
+        self._loaded = []
+        self.model = SERVED_BASE_NAME
+
     def get_server_info(self) -> dict[str, Any]:
         """What TRL asks before importance sampling. vLLM's server exposes its log-prob mode only in dev mode;
         ``grpoflow vllm-serve`` always starts it with ``processed_logprobs``."""

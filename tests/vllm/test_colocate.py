@@ -1,0 +1,146 @@
+"""GRPO, probe and evaluation through a real vLLM engine in the test process (colocate), on the tiny model."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from flows.pipeline import pipeline
+from tasks.tracking import RUN_ID_TAG, client_for
+
+LENGTH_REWARD = "def longer(completions, **kwargs):\n    return [len(c) / 12 for c in completions]\n"
+
+
+def stage_runs(config: Any, run_id: str) -> dict[str, Any]:
+    client = client_for(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = '{run_id}'")
+    return {r.data.tags["grpoflow.stage"]: r for r in runs if "grpoflow.stage" in r.data.tags}
+
+
+def test_tiny_pipeline_on_vllm_colocate_registers_a_version_and_says_vllm_generated(
+    tmp_path: Path, make_vllm_config: Any
+) -> None:
+    threads = torch.get_num_threads()
+    config = make_vllm_config(tmp_path / "outputs")
+    summary = pipeline(config, "vllm-colocate")
+    assert summary["promotion"]["version"] == "1"
+    grpo = stage_runs(config, "vllm-colocate")["grpo"].data
+    assert grpo.tags["generation_backend"] == "vllm"
+    assert grpo.tags["generation"].startswith(f"vllm (colocate): {config.grpo.max_steps} batches")
+    assert grpo.tags["generation_backend_configured"] == "vllm"
+    assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4  # fp32: vLLM and the trainer agree
+    # vLLM's CPU worker replaced torch.set_num_threads with a no-op in this process; grpoflow put torch's back.
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
+
+
+class AdapterDigests(TrainerCallback):
+    """sha256 of the trainer's adapter file before training and after every optimizer step."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.by_step = folder, {}
+
+    def _digest(self, model: Any, step: int) -> None:
+        from tasks.models import adapter_digest
+
+        model.save_pretrained(str(self.folder / f"step-{step}"))
+        self.by_step[step] = adapter_digest(self.folder / f"step-{step}")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._digest(model, state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._digest(model, state.global_step)
+
+
+def _split(config: Any, tmp_path: Path) -> Any:
+    from tasks.validate import run_validate
+
+    return run_validate(config, tmp_path / "split")
+
+
+def _length_rewarded(make_vllm_config: Any, tmp_path: Path, **overrides: Any) -> Any:
+    """The tiny config with a reward that varies within groups (completion length), so every step moves the
+    adapter (the tiny model never earns the math reward: zero advantages, zero gradients)."""
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
+    config = make_vllm_config(tmp_path / "outputs", **{"grpo.learning_rate": 0.01, **overrides})
+    return config.model_copy(update={"rewards": [type(config.rewards[0])(name="length_reward:longer",
+                                                                          path=str(tmp_path))]})  # fmt: skip
+
+
+def test_vllm_samples_step_n_plus_1_with_the_trainers_adapter_after_step_n(
+    tmp_path: Path, vllm_model_dir: Path, caplog: pytest.LogCaptureFixture, make_vllm_config: Any
+) -> None:
+    from tasks.grpo import run_grpo
+
+    config = _length_rewarded(make_vllm_config, tmp_path, **{"grpo.max_steps": 3})
+    split = _split(config, tmp_path)
+    digests = AdapterDigests(tmp_path / "digests")
+    caplog.set_level(logging.DEBUG, logger="tasks.speedups.vllm_colocate")
+    result = run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "grpo", [digests])
+    syncs = [(int(m[1]), m[2]) for m in re.finditer(r"step (\d+), .* sha256 (\w+)", caplog.text)]
+    assert [step for step, _ in syncs] == [0, 1, 2]  # before each generation: the weights of the step before
+    assert all(digest == digests.by_step[step] for step, digest in syncs)
+    assert len({digest for _, digest in syncs}) == 3  # the adapter moved every step: a stale sync would show
+    assert result.generated_by.startswith("vllm (colocate): 3 batches") and "3 adapter syncs" in result.generated_by
+    differences = [
+        h["sampling/sampling_logp_difference/mean"]
+        for h in result.history
+        if "sampling/sampling_logp_difference/mean" in h
+    ]
+    assert len(differences) == 3 and max(differences) < 1e-4
+
+
+def test_log_probs_beyond_the_bound_fail_grpo_with_the_numbers(
+    tmp_path: Path, vllm_model_dir: Path, make_vllm_config: Any
+) -> None:
+    from tasks.grpo import run_grpo
+    from tasks.training import SamplerMismatch
+
+    config = make_vllm_config(tmp_path / "outputs", **{"grpo.generation.vllm_max_logp_difference": 1e-12})
+    split = _split(config, tmp_path)
+    with pytest.raises(SamplerMismatch, match=r"at step 1: mean \d\.\d{4}, max .*> grpo.generation.vllm_max_logp"):
+        run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "grpo")
+
+
+def test_probe_and_evaluation_sample_through_vllm_and_agree_with_transformers(
+    tmp_path: Path, vllm_model_dir: Path, lora_adapter_h32: Path, make_vllm_config: Any
+) -> None:
+    from tasks.evaluate import ModelSpec, holdout_rows, score_model
+    from tasks.inputs import render_prompt
+    from tasks.models import TransformersSampler, VllmSampler, policy_sampler
+    from tasks.probe import run_probe
+
+    config = make_vllm_config(tmp_path / "outputs")
+    split = _split(config, tmp_path)
+    sampler = policy_sampler(config, vllm_model_dir, lora_adapter_h32, 64)
+    assert isinstance(sampler, VllmSampler)
+    rows = holdout_rows(config, split.holdout_path)
+    prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
+    first = sampler.sample(prompts, n=3, max_new_tokens=12, seed=5)
+    assert [len(group) for group in first] == [3] * len(prompts)
+    assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=5) == first  # same seed, same samples
+    assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=6) != first
+
+    plain = make_vllm_config(tmp_path / "outputs", **{"grpo.generation.backend": "transformers"})
+    reference = policy_sampler(plain, vllm_model_dir, lora_adapter_h32, 64)
+    assert isinstance(reference, TransformersSampler)
+    ours = sampler.sample(prompts, greedy=True, max_new_tokens=12)
+    theirs = reference.sample(prompts, greedy=True, max_new_tokens=12)
+    agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts)
+    assert agree >= 0.75, (ours, theirs)  # fp32 on both sides: only near-ties may differ
+
+    probe = run_probe(config, split.train_path, vllm_model_dir, lora_adapter_h32, tmp_path / "probe", "sft")
+    assert probe.samples_path.read_text().count("\n") == config.probe.num_prompts * config.grpo.num_generations
+    scores = score_model(config, ModelSpec("sft", vllm_model_dir, lora_adapter_h32), rows)
+    assert scores.n_prompts == len(rows) and len(scores.per_prompt_pass1) == len(rows)
+    assert scores.tokens_per_second > 0

@@ -1,0 +1,106 @@
+"""GRPO, probe and evaluation against a real vLLM server process on 127.0.0.1 (``grpoflow vllm-serve``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import TrainerCallback
+
+from flows.pipeline import pipeline
+from tasks.tracking import RUN_ID_TAG, client_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _server_config(make_vllm_config: Any, output_dir: Path, url: str, **overrides: Any) -> Any:
+    return make_vllm_config(output_dir, **{"grpo.generation.vllm_mode": "server",
+                                           "grpo.generation.vllm_server_base_url": url,
+                                           "grpo.generation.vllm_server_timeout_s": 60, **overrides})  # fmt: skip
+
+
+def test_tiny_pipeline_against_a_real_server(vllm_server: Any, tmp_path: Path, make_vllm_config: Any) -> None:
+    vllm_server.ensure_up()
+    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url)
+    summary = pipeline(config, "vllm-server")
+    assert summary["promotion"]["version"] == "1"
+    client = client_for(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'vllm-server'")
+    grpo = next(r for r in runs if r.data.tags.get("grpoflow.stage") == "grpo").data
+    assert grpo.tags["generation_backend"] == "vllm" and grpo.tags["generation"].startswith("vllm (server): 2 batches")
+    assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4
+
+
+def test_a_stopped_server_is_one_clear_error_before_anything_runs(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [str(Path(sys.executable).parent / "grpoflow"), "run", str(REPO / "configs" / "tiny.yaml"),
+               "--set", f"output_dir={tmp_path / 'outputs'}", "--set", "grpo.generation.vllm_mode=server",
+               "--set", f"grpo.generation.vllm_server_base_url={url}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert done.returncode == 4
+    errors = [line for line in done.stderr.splitlines() if line.startswith(("error:", "fix the"))]
+    assert len(errors) == 2 and f"vLLM server {url} is not answering" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # nothing started
+
+
+class StopServerAfterCheckpoint(TrainerCallback):
+    def __init__(self, server: Any, step: int) -> None:
+        self.server, self.step = server, step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            self.server.stop()
+
+
+def test_a_server_that_dies_mid_run_fails_grpo_naming_it_and_resume_continues(
+    vllm_server: Any, tmp_path: Path, make_vllm_config: Any, vllm_model_dir: Path
+) -> None:
+    from tasks.grpo import run_grpo
+    from tasks.layout import CHECKPOINTS
+    from tasks.models import VllmServerUnavailable
+    from tasks.training import resumable_checkpoint
+    from tasks.validate import run_validate
+
+    vllm_server.ensure_up()
+    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url,
+                            **{"grpo.max_steps": 4, "grpo.checkpoint_steps": 2})  # fmt: skip
+    split = run_validate(config, tmp_path / "split")
+    stage = tmp_path / "grpo"
+    with pytest.raises(VllmServerUnavailable, match=f"vLLM server {vllm_server.url} is not answering"):
+        run_grpo(config, split.train_path, vllm_model_dir, None, stage, [StopServerAfterCheckpoint(vllm_server, 2)])
+    assert resumable_checkpoint(stage / CHECKPOINTS).name == "checkpoint-2"
+    vllm_server.start()
+    result = run_grpo(config, split.train_path, vllm_model_dir, None, stage)
+    assert result.steps == 4 and result.generated_by.startswith("vllm (server): 2 batches")  # steps 3 and 4 only
+    assert (stage / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_probe_and_evaluation_sample_through_the_server(
+    vllm_server: Any, tmp_path: Path, make_vllm_config: Any, vllm_model_dir: Path, lora_adapter_h32: Path
+) -> None:
+    from tasks.inputs import render_prompt
+    from tasks.models import ServerSampler, policy_sampler
+
+    vllm_server.ensure_up()
+    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url)
+    sampler = policy_sampler(config, vllm_model_dir, lora_adapter_h32, 64)
+    assert isinstance(sampler, ServerSampler)
+    plain = make_vllm_config(tmp_path / "outputs", **{"grpo.generation.backend": "transformers"})
+    reference = policy_sampler(plain, vllm_model_dir, lora_adapter_h32, 64)
+    prompts = [render_prompt(sampler.tokenizer, f"What is {i} + {i}?", None) for i in range(12)]
+    ours = sampler.sample(prompts, greedy=True, max_new_tokens=12)
+    theirs = reference.sample(prompts, greedy=True, max_new_tokens=12)
+    assert sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts) >= 0.75
+    sampled = sampler.sample(prompts, n=3, max_new_tokens=12)
+    assert [len(group) for group in sampled] == [3] * len(prompts)
