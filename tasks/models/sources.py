@@ -27,6 +27,9 @@ TINY_RANDOM = "tiny-random"
 # The same tiny model with 2 attention heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ..., not 16).
 TINY_RANDOM_VLLM = "tiny-random-h32"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# v2: the tokenizer's end of sequence is <|im_end|>, as in the model's config (v1, the GGUF's reading, said
+# <|im_start|>: SFT taught answers to end with it and the transformers path did not stop there).
+_SMOLLM2_VERSION = "v2"
 _TINY_VERSION = "v1"
 
 _TINY_CHAT_TEMPLATE = (
@@ -77,12 +80,32 @@ def _convert_smollm2(destination: Path) -> None:
     logger.info("converting %s from GGUF (once; cached in %s)", SMOLLM2, destination.parent)
     model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
+    align_special_tokens(tokenizer, model.config)
     # Trainers refuse a GGUF-quantized object; the dequantized weights are a plain fp32 model.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
     model.save_pretrained(destination)
     tokenizer.save_pretrained(destination)
+
+
+def align_special_tokens(tokenizer: Any, model_config: Any) -> None:
+    """Make the tokenizer's end-of-sequence (and padding, where it has none) the model config's: transformers'
+    GGUF reader gives SmolLM2's tokenizer ``<|im_start|>`` as its EOS where the config (and the Hub's tokenizer)
+    say ``<|im_end|>``; TRL appends the tokenizer's EOS to SFT targets, and generation stops at the config's.
+
+    >>> from types import SimpleNamespace
+    >>> tok = SimpleNamespace(eos_token="<a>", eos_token_id=1, pad_token=None, convert_ids_to_tokens=lambda i: "<b>")
+    >>> align_special_tokens(tok, SimpleNamespace(eos_token_id=2)); tok.eos_token, tok.pad_token
+    ('<b>', '<b>')
+    """
+    eos_id = model_config.eos_token_id
+    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
+    if eos_id is None or tokenizer.eos_token_id == eos_id:
+        return
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
 
 
 def build_tiny_random(destination: Path, seed: int = 0, heads: int = 4) -> None:
@@ -127,7 +150,7 @@ def build_tiny_random(destination: Path, seed: int = 0, heads: int = 4) -> None:
 def resolve_model_source(source: str, revision: str | None = None) -> Path:
     """A local folder holding the base model for ``source``, building or converting it once if needed."""
     if source == SMOLLM2:
-        return _publish(_convert_smollm2, cache_dir() / "models" / SMOLLM2)
+        return _publish(_convert_smollm2, cache_dir() / "models" / f"{SMOLLM2}-{_SMOLLM2_VERSION}")
     if source == TINY_RANDOM:
         return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
     if source == TINY_RANDOM_VLLM:

@@ -144,3 +144,21 @@ def test_probe_and_evaluation_sample_through_vllm_and_agree_with_transformers(
     scores = score_model(config, ModelSpec("sft", vllm_model_dir, lora_adapter_h32), rows)
     assert scores.n_prompts == len(rows) and len(scores.per_prompt_pass1) == len(rows)
     assert scores.tokens_per_second > 0
+
+
+def test_same_config_and_seed_give_the_same_adapter_through_vllm(
+    tmp_path: Path, vllm_model_dir: Path, make_vllm_config: Any
+) -> None:
+    """vLLM's CPU sampler takes no per-request seed; it draws from torch's global generator, which the trainer
+    seeds: two runs of one config in one process (one shared engine) train the same adapter."""
+    from tasks.grpo import run_grpo
+    from tasks.models import adapter_digest
+
+    config = _length_rewarded(make_vllm_config, tmp_path, **{"grpo.max_steps": 2})
+    split = _split(config, tmp_path)
+    first = run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "first")
+    second = run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "second")
+    assert adapter_digest(first.adapter_dir) == adapter_digest(second.adapter_dir)
+    other = config.model_copy(update={"seed": config.seed + 1})
+    third = run_grpo(other, split.train_path, vllm_model_dir, None, tmp_path / "third")
+    assert adapter_digest(third.adapter_dir) != adapter_digest(first.adapter_dir)
