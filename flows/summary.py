@@ -63,6 +63,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f"(paired 95% CI [{diff['low']:+.1%}, {diff['high']:+.1%}], n={diff['n']} prompts)"
             )
     promotion = summary.get("promotion")
+    for finding in (promotion or {}).get("audit") or []:
+        console.print(f"[yellow]reward audit[/yellow] {finding['detector']}: {finding['message']}")
     if promotion:
         outcome = "[green]champion[/green]" if promotion["promoted"] else "[yellow]challenger[/yellow]"
         console.print(

@@ -38,6 +38,7 @@ from tasks.inputs import prompt_text, read_jsonl, render_prompt
 from tasks.models import GenerationStats, load_policy, policy_sampler
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage
+from tasks.training import LEDGER_DIR, sample_rows, write_part
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +137,11 @@ def holdout_rows(config: PipelineConfig, holdout_path: Path) -> list[dict[str, A
     return read_jsonl(holdout_path)[: config.evaluation.num_prompts]
 
 
-def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, Any]]) -> ModelScores:
-    """Greedy accuracy and pass@k of one model on ``rows``; same seed → same numbers."""
+def score_model(
+    config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, Any]], ledger_dir: Path | None = None
+) -> ModelScores:
+    """Greedy accuracy and pass@k of one model on ``rows``; same seed → same numbers. With ``ledger_dir``, its
+    samples (greedy and sampled, with their rewards) go to the rollout ledger there."""
     settings = config.evaluation
     logger.info(
         "evaluate %s: %d prompts, greedy + %d samples each%s",
@@ -160,8 +164,13 @@ def score_model(config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, An
     sampled = sampler.sample(
         prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
     )
-    greedy_correct = score_groups(config, rows, greedy)["correct"][:, 0]
-    sample_correct = score_groups(config, rows, sampled)["correct"]
+    greedy_scores, sampled_scores = score_groups(config, rows, greedy), score_groups(config, rows, sampled)
+    greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
+    if ledger_dir is not None:
+        for kind, completions, scored in (("greedy", greedy, greedy_scores), ("sampled", sampled, sampled_scores)):
+            role = f"eval_{spec.name}" + ("_greedy" if kind == "greedy" else "")
+            ledger = sample_rows(role, rows, completions, scored["per_function"], scored["total"], sampler.backend)
+            write_part(ledger_dir, ledger, f"eval-{spec.name}-{kind}")
     counts = sample_correct.sum(axis=1).astype(int)
     general = None
     if settings.forgetting:
@@ -223,7 +232,8 @@ def run_evaluate(
     if unknown or not {"base", "candidate"} <= set(models):
         raise ValueError(f"evaluation takes models by role {ROLES} (base and candidate required), got {sorted(models)}")
     rows = holdout_rows(config, holdout_path)
-    scores = {role: score_model(config, models[role], rows) for role in ROLES if role in models}
+    ledger = stage_dir / LEDGER_DIR
+    scores = {role: score_model(config, models[role], rows, ledger) for role in ROLES if role in models}
     return compare_roles(config, scores, stage_dir, general_questions_trained_on(config.evaluation, holdout_path))
 
 

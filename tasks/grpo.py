@@ -27,8 +27,10 @@ from tasks.models import load_policy, load_tokenizer, pipeline_backend, pipeline
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
 from tasks.training import (
+    LEDGER_DIR,
     CheckpointMirror,
-    CompletionSampleLogger,
+    LedgerCallback,
+    LedgerRecorder,
     MetricsHistory,
     MlflowTrainerCallback,
     NoneShareGuard,
@@ -107,21 +109,23 @@ def grpo_trainer_class(speedups: str) -> type:
 
     Either one generates through vLLM when it is given a ``vllm_setup`` (``VllmAdapterSync``: adapter-only sync).
 
-    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:4]]
-    ['DynamicSamplingMixin', 'VllmAdapterSync', 'GRPOTrainer']
+    Every one keeps the rollout ledger (``RolloutLedgerMixin``) when it is given one.
+
+    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:5]]
+    ['DynamicSamplingMixin', 'RolloutLedgerMixin', 'VllmAdapterSync', 'GRPOTrainer']
     """
     from trl import GRPOTrainer
 
     from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
+    from tasks.speedups.rollout_ledger import RolloutLedgerMixin
     from tasks.speedups.vllm_colocate import VllmAdapterSync
 
+    mixins = (DynamicSamplingMixin, RolloutLedgerMixin, VllmAdapterSync)
     if not speedups_on(speedups):
-        return type("StockGRPOTrainer", (DynamicSamplingMixin, VllmAdapterSync, GRPOTrainer), {})
+        return type("StockGRPOTrainer", (*mixins, GRPOTrainer), {})
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
 
-    return type(
-        "SharedPrefillGRPOTrainerWithFilter", (DynamicSamplingMixin, VllmAdapterSync, SharedPrefillGRPOTrainer), {}
-    )
+    return type("SharedPrefillGRPOTrainerWithFilter", (*mixins, SharedPrefillGRPOTrainer), {})
 
 
 def run_grpo(
@@ -177,7 +181,12 @@ def run_grpo(
     speedups = speedups_on(settings.speedups)
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
+    ledger = LedgerRecorder(stage_dir / LEDGER_DIR)
+    ledger_writer = LedgerCallback(ledger, settings.ledger_flush_steps, settings.checkpoint_steps > 0,
+                                   completion_sink, settings.log_completions_every)  # fmt: skip
     trainer = trainer_class(
+        ledger=ledger,
+        backend=f"vllm-{settings.generation.vllm_mode}" if backend == "vllm" else "transformers",
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
@@ -195,16 +204,14 @@ def run_grpo(
             signal_stop,
             SignalStateSaver(pool),
             *([SamplerAgreementGuard(settings.generation.vllm_max_logp_difference)] if backend == "vllm" else []),
-            *(
-                [CompletionSampleLogger(rewards, weights, settings.log_completions_every, completion_sink)]
-                if completion_sink
-                else []
-            ),
+            ledger_writer,  # before the callbacks handed in: a checkpoint mirror copies the ledger's copy too
             *callbacks,
         ],
     )
     if speedups:
         store_frozen_in(trainer.model, config.model.precision)  # the adapter exists by now (SFT's or a new one)
+    if trainer.is_world_process_zero():
+        ledger.restore(resume_from)  # a fresh ledger, or the checkpoint's: rows of later steps come again
     started = time.perf_counter()
     replay_history(resume_from, [recorder, signal_stop, *callbacks])
     try:
@@ -214,7 +221,8 @@ def run_grpo(
         if close is not None:
             close()  # the synced adapters' folder
     generated_by = trainer.generation_record.describe()
-    logger.info("GRPO generated with %s", generated_by)
+    logger.info("GRPO generated with %s; rollout ledger: %d bytes written in %.2f s", generated_by,
+                ledger.bytes_written, ledger.seconds)  # fmt: skip
     for reward in rewards:  # however short the run: an adapter trained on unjudged samples is not promoted
         stats = reward.stats
         if stats.scored and stats.none_share > settings.max_none_share:
@@ -264,6 +272,7 @@ def grpo_task(
                 completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
             )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        stage.log_artifact(result.adapter_dir.parent / LEDGER_DIR, LEDGER_DIR)  # the rollout ledger's parts
         if result.generated_by:  # what generated, not what was configured
             stage.set_tags({"generation_backend": result.generated_by.split(" ")[0],
                             "generation": result.generated_by[:4000]})  # fmt: skip

@@ -20,6 +20,7 @@ from tasks.evaluation import score_groups
 from tasks.inputs import read_jsonl, render_prompt, write_jsonl
 from tasks.models import GenerationStats, policy_sampler
 from tasks.tracking import Tracker, emit_pipeline_event, prefect_task, publish_markdown, publish_table, tracked_stage
+from tasks.training import LEDGER_DIR, sample_rows, write_part
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +183,8 @@ def run_probe(
     )
     logger.info("probe %s sampled with %s", label, sampler.backend)
     scores = score_groups(config, rows, completions)
+    ledger = sample_rows(f"probe_{label}", rows, completions, scores["per_function"], scores["total"], sampler.backend)
+    write_part(stage_dir / LEDGER_DIR, ledger, f"probe-{label}")
     result = summarize(label, rows, scores, config.probe.signal_from)
     result.tokens_per_second = stats.tokens_per_second
     stage_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,10 @@ MLflow appear only in its task wrapper; registry calls go through ``tasks/regist
 from __future__ import annotations
 
 import functools
+import logging
 import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from tasks.registry import RegistryError, apply_promotion, promotion_lock, regis
 from tasks.tracking import StageRun, Tracker, emit_pipeline_event, prefect_task, publish_markdown, tracked_stage
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,6 +36,7 @@ class PromotionResult:
     promoted: bool
     reason: str
     reference: str
+    audit: list[dict[str, Any]] = field(default_factory=list)  # the reward audit's findings
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +54,7 @@ class PromotionCase:
     forgetting: dict[str, Any] | None = None
     champion_version: str | None = None
     forgetting_vs_champion: dict[str, Any] | None = None
+    audit: tuple[dict[str, Any], ...] = ()  # the reward audit's findings (tasks.evaluation.audit)
 
     @classmethod
     def from_evaluation(cls, evaluation: EvalResult) -> PromotionCase:
@@ -96,6 +100,9 @@ def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[
         problem = forgetting_problem(drop, settings, against)
         if problem:
             return False, problem
+    if settings.block_on_audit and case.audit:
+        found = "; ".join(f"{f['detector']}: {f['message']}" for f in case.audit)
+        return False, f"the reward audit found signs of reward hacking (promotion.block_on_audit): {found}"
     return True, (
         f"pass@1 gain over {name} {difference['mean']:+.3f}, paired 95% CI "
         f"[{difference['low']:+.3f}, {difference['high']:+.3f}] (n={difference['n']} prompts)"
@@ -180,9 +187,13 @@ def run_promote(
     }
     stage.log_metrics({k: v for k, v in metrics.items() if v is not None})
     stage.set_tags({"promoted": outcome.promoted, "promotion_reason": outcome.reason, "registered_version": version})
+    stage.log_metrics({"audit_findings": len(case.audit)})
+    if case.audit:
+        stage.set_tags({"audit": "; ".join(f"{f['detector']}: {f['message']}" for f in case.audit)[:4000]})
     return PromotionResult(
-        registered_model, version, registered["sft"], outcome.promoted, outcome.reason, reference.name
-    )
+        registered_model, version, registered["sft"], outcome.promoted, outcome.reason, reference.name,
+        list(case.audit),
+    )  # fmt: skip
 
 
 def git_commit() -> str:
@@ -209,6 +220,25 @@ def lineage(config: PipelineConfig, tracker: Tracker, data_fingerprint: str) -> 
 
 
 @prefect_task("promote", cache="never")
+def reward_audit(config: PipelineConfig, tracker: Tracker, evaluation: EvalResult) -> list[dict[str, Any]]:
+    """The reward audit's findings on this run's rollout ledger and evaluation (none without a ledger)."""
+    from reward_fns.registry import CORRECTNESS_REWARD
+    from tasks.evaluation import audit_rollouts
+    from tasks.training import LEDGER_DIR, read_ledger
+
+    folder = tracker.layout.stage_dir("grpo") / LEDGER_DIR
+    if not folder.is_dir():
+        return []
+    weights = {spec.name.rsplit(":", 1)[-1]: spec.weight for spec in config.rewards}
+    correctness = CORRECTNESS_REWARD.get(config.data.kind)
+    role = "reference" if evaluation.of("reference") is not None else "base"
+    findings = audit_rollouts(read_ledger(folder), weights, correctness if correctness in weights else None,
+                     evaluation.comparison(role))  # fmt: skip
+    for finding in findings:
+        logger.warning("reward audit: %s: %s", finding.detector, finding.message)
+    return [finding.to_json() for finding in findings]
+
+
 def promote_task(
     config: PipelineConfig,
     tracker: Tracker,
@@ -224,7 +254,7 @@ def promote_task(
     from tasks.models import resolve_model_source
     from tasks.registry import save_version_model, version_card
 
-    case = PromotionCase.from_evaluation(evaluation)
+    case = replace(PromotionCase.from_evaluation(evaluation), audit=tuple(reward_audit(config, tracker, evaluation)))
     name = config.tracking.registered_model_name
     settings = config.orchestration
     lock = promotion_lock(tracker.tracking_uri, name, settings.promotion_lease_s, settings.promotion_lock_timeout_s)
@@ -232,6 +262,11 @@ def promote_task(
         base_dir = resolve_model_source(config.model.source, config.model.revision)
 
         def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
+            if role == "candidate" and case.audit:
+                decision += "\n\n**Reward audit** (before promotion):\n" + "\n".join(
+                    f"- `{f['detector']}`: {f['message']}" for f in case.audit)  # fmt: skip
+            elif role == "candidate":
+                decision += "\n\n**Reward audit** (before promotion): no finding."
             card, summary = version_card(
                 config=config, registered_model=name, role=role, data=data, probes=probes,
                 evaluation=evaluation, decision=decision, run_id=tracker.run_id,

@@ -4,7 +4,7 @@ prints; it holds no stage logic."""
 
 from __future__ import annotations
 
-from flows.cli import models, registry, run, servers
+from flows.cli import models, registry, rollouts, run, servers
 from flows.cli.boundary import main
 from flows.cli.common import app
 
@@ -13,6 +13,7 @@ COMMANDS = (
     run.run, run.validate, run.check, run.probe,
     registry.rollback, registry.versions, registry.history, registry.watch, registry.pin, registry.unpin,
     models.generate, models.evaluate, models.export,
+    rollouts.rollouts, rollouts.rescore,
     registry.migrate,
     servers.up, servers.deploy, servers.vllm_serve,
 )  # fmt: skip

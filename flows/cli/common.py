@@ -98,8 +98,13 @@ def validated(cfg: PipelineConfig, show: bool = False) -> Any:
 
 
 def print_table(title: str, rows: list[dict[str, str]]) -> None:
+    """A table of rows (all of one shape); without rows, the title and "(none)" on one line (an empty table would
+    squeeze the title into a one-word-wide column)."""
+    if not rows:
+        console.print(f"{title}: (none)", soft_wrap=True)
+        return
     table = Table(title=title)
-    for column in rows[0] if rows else ["(none)"]:
+    for column in rows[0]:
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])

@@ -197,6 +197,9 @@ class GRPOSettings(_Strict):
     log_completions_every: int = Field(
         10, ge=0, description="Every N steps, log a table of sampled completions with their rewards (0: never)."
     )
+    ledger_flush_steps: int = Field(
+        10, ge=1, description="Checkpoints off: write the rollout ledger every N steps (else at each checkpoint)."
+    )
     max_none_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Fail when more than this share of rewards is None (cannot judge)."
     )
@@ -266,6 +269,11 @@ class PromotionSettings(_Strict):
         "lower",
         description="Which end of a forgetting drop's 95% interval must exceed its tolerance to reject: lower (a drop "
         "shown beyond it), upper (reject unless shown within it), or the point estimate.",
+    )
+    block_on_audit: bool = Field(
+        False,
+        description="Reject the candidate when the reward audit (docs/rollouts.md) finds signs of reward hacking; "
+        "off: findings are reported on the card and in the run summary only.",
     )
 
 

@@ -131,7 +131,14 @@ class DynamicSamplingMixin:
         settings = self.dynamic_sampling
         if settings is None or not settings.enabled or not self.model.training:
             return super()._generate_and_score_completions(inputs)
-        return self._filtered_generation(list(inputs), settings)
+        self._filtering, self._kept_rows = True, None  # the rollout ledger waits for the rows kept
+        try:
+            return self._filtered_generation(list(inputs), settings)
+        finally:
+            self._filtering = False
+            commit = getattr(self, "ledger_commit", None)
+            if commit is not None:
+                commit(self._kept_rows)
 
     # --- the rounds -------------------------------------------------------------------------------------------
 
@@ -236,7 +243,8 @@ class DynamicSamplingMixin:
             budget -= draws
         merged = concat_generation_outputs(outputs, self.processing_class.pad_token_id)
         chosen = choose_groups(local_flags, slots)
-        rows = torch.tensor([g * size + i for g in chosen for i in range(size)], device=merged["advantages"].device)
+        self._kept_rows = [g * size + i for g in chosen for i in range(size)]
+        rows = torch.tensor(self._kept_rows, device=merged["advantages"].device)
         result = select_rows(merged, rows)
         result["num_items_in_batch"] = self.accelerator.gather(result["completion_mask"].sum()).sum()
         kept = [local_flags[g] for g in chosen]

@@ -28,9 +28,12 @@ class MergedCopy:
 
         self.dtype = dtype
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-        self.model = AutoModelForCausalLM.from_config(
-            base.config, dtype=dtype, attn_implementation=attention_implementation()
-        ).to(next(base.parameters()).device)
+        # Its random initialisation (overwritten below) must not draw from the global generator: the trainer samples
+        # from it, and a resumed run builds this copy right before its first sample (the same adapter on --resume).
+        with torch.random.fork_rng(devices=[]):
+            self.model = AutoModelForCausalLM.from_config(
+                base.config, dtype=dtype, attn_implementation=attention_implementation()
+            ).to(next(base.parameters()).device)
         self.model.generation_config = base.generation_config
         self.model.eval()
         target = self.model.state_dict()

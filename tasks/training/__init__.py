@@ -10,6 +10,13 @@ from tasks import lazy_surface
 # name -> the module behind this package that defines it
 _EXPORTS = {
     "CompletionSampleLogger": "callbacks",
+    "LEDGER_DIR": "ledger",
+    "LedgerCallback": "ledger",
+    "LedgerRecorder": "ledger",
+    "read_ledger": "ledger",
+    "reward_values": "ledger",
+    "sample_rows": "ledger",
+    "write_part": "ledger",
     "NoneShareGuard": "callbacks",
     "RewardNoneLimitExceeded": "callbacks",
     "SamplerAgreementGuard": "callbacks",

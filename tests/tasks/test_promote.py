@@ -131,3 +131,17 @@ def test_an_unknown_model_is_a_user_error_naming_it_and_the_store(tiny_config) -
     assert error.value.exit_code == 2
     with pytest.raises(ModelNotFound, match="models:/nope@champion does not exist"):
         fetch_adapter(uri, "models:/nope@champion", Path("/tmp/unused"))
+
+
+def test_an_audit_finding_rejects_only_with_block_on_audit() -> None:
+    from tasks.config import PromotionSettings
+    from tasks.evaluate import ModelScores
+    from tasks.promote import PromotionCase, decide_promotion
+
+    good = ModelScores("grpo", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
+    base = ModelScores("base", 4, 4, 0.1, {1: 0.1}, (0.0, 0.2), [], [])
+    finding = {"detector": "length_grew", "message": "completions grew from 6.0 to 30.0 tokens", "numbers": {}}
+    case = PromotionCase(good, base, {"mean": 0.4, "low": 0.2, "high": 0.6, "n": 4}, audit=(finding,))
+    assert decide_promotion(case, PromotionSettings())[0]  # reported, not blocking, by default
+    promoted, reason = decide_promotion(case, PromotionSettings(block_on_audit=True))
+    assert not promoted and "length_grew: completions grew from 6.0 to 30.0 tokens" in reason

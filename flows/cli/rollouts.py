@@ -1,0 +1,142 @@
+"""The rollout ledger's commands: ``rollouts`` (browse and filter a run's samples) and ``rescore`` (what another
+reward would have said about them)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flows.cli.common import ConfigOption, SetOption, TrackingOption, config_from, console, print_table, store_uri
+
+RunArg = Annotated[str, typer.Argument(help="A pipeline run id, its folder, or a ledger folder (rollouts/).")]
+
+
+def ledger_rows(run: str, config: Any, tracking_uri: str | None) -> list[dict[str, Any]]:
+    """Every ledger row of a run: from a ledger folder, a run folder (every stage's ``rollouts/``), the config's
+    output folder, or else the run's GRPO stage in the tracking store (its ``rollouts`` artifacts)."""
+    import tempfile
+
+    from tasks.errors import UserError
+    from tasks.training import LEDGER_DIR, read_ledger
+
+    path = Path(run)
+    for folder in (path, config.output_dir / run):
+        if folder.is_dir() and any(folder.glob("*.parquet")):
+            return read_ledger(folder)
+        parts = sorted(folder.glob(f"*/{LEDGER_DIR}")) if folder.is_dir() else []
+        if parts:
+            return [row for part in parts for row in read_ledger(part)]
+    from tasks.tracking import RUN_ID_TAG, client_for
+
+    uri = store_uri(config, tracking_uri)
+    client = client_for(uri)
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    runs = []
+    if experiment is not None:
+        query = f"tags.`{RUN_ID_TAG}` = '{run}' and tags.`grpoflow.stage` = 'grpo'"
+        runs = client.search_runs([experiment.experiment_id], query, max_results=1)
+    if not runs:
+        raise UserError(f"no rollout ledger for {run!r}: not a folder with one, not under {config.output_dir}, and "
+                        f"no GRPO stage of that run id in {uri}")  # fmt: skip
+    local = client.download_artifacts(runs[0].info.run_id, LEDGER_DIR, tempfile.mkdtemp(prefix="grpoflow-ledger-"))
+    return read_ledger(Path(local))
+
+
+def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
+    if output == "jsonl":
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=str) + "\n")
+        return
+    shown = []
+    for row in rows:
+        item = {key: row[key] for key in ("step", "prompt_id", "reward_total", "advantage", "trained") if key in row}
+        item.update(prompt=str(row.get("prompt", ""))[-60:], completion=str(row.get("completion", ""))[:80])
+        shown.append({key: ("" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+                      for key, value in item.items()})  # fmt: skip
+    print_table(title, shown)
+
+
+def rollouts(
+    run: RunArg,
+    steps: Annotated[str | None, typer.Option(help="A step range, e.g. 1:10 or 25.")] = None,
+    reward: Annotated[str | None, typer.Option(help="Filter on this reward (else the weighted total).")] = None,
+    min_value: Annotated[float | None, typer.Option("--min", help="Reward at least this.")] = None,
+    max_value: Annotated[float | None, typer.Option("--max", help="Reward at most this.")] = None,
+    prompt_id: Annotated[str | None, typer.Option("--prompt-id", help="Only this prompt.")] = None,
+    grep: Annotated[str | None, typer.Option(help="Text in the prompt or completion.")] = None,
+    role: Annotated[str | None, typer.Option(help="grpo (default), probe_base, probe_sft, eval_grpo, ...")] = "grpo",
+    worst: Annotated[int | None, typer.Option(help="The N groups with the lowest mean reward.")] = None,
+    best: Annotated[int | None, typer.Option(help="The N groups with the highest mean reward.")] = None,
+    diff: Annotated[tuple[int, int] | None, typer.Option(help="STEP_A STEP_B: the same prompts early, late.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows (0: all).")] = 20,
+    output: Annotated[str, typer.Option("--format", help="table or jsonl.")] = "table",
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Browse a run's rollout ledger: every sample GRPO trained on (and those the filter set aside), the probes'
+    and evaluation's samples; filter, rank groups, or compare the same prompts early and late."""
+    from tasks.evaluation import diff_steps, extreme_groups, filter_rows
+
+    cfg = config_from(None, set_, config)
+    rows = ledger_rows(run, cfg, tracking_uri)
+    if diff:
+        pairs = diff_steps(rows, *diff)[: limit or None]
+        if output == "jsonl":
+            _show(pairs, output, "")
+            return
+        print_table(f"{run}: the same prompts at step ≤ {diff[0]} and ≥ {diff[1]} ({len(pairs)} shown)", [
+            {"prompt_id": p["prompt_id"], "steps": f"{p['step_a']}→{p['step_b']}",
+             "reward": f"{p['reward_a']:.2f}→{p['reward_b']:.2f}", "early": str(p["completion_a"])[:50],
+             "late": str(p["completion_b"])[:50]} for p in pairs])  # fmt: skip
+        return
+    span = None
+    if steps:
+        first, _, last = steps.partition(":")
+        span = (int(first), int(last or first))
+    rows = filter_rows(rows, steps=span, reward=reward, min_value=min_value, max_value=max_value,
+                       prompt_id=prompt_id, text=grep, role=role or None)  # fmt: skip
+    if worst or best:
+        rows = extreme_groups(rows, worst or best or 0, worst=bool(worst))
+    total = len(rows)
+    _show(rows[: limit or None], output, f"{run}: {min(total, limit or total)} of {total} rows")
+
+
+def rescore(
+    run: RunArg,
+    reward: Annotated[str, typer.Option(help="A built-in reward name or module:function.")],
+    path: Annotated[Path | None, typer.Option(help="Folder to import module:function from.")] = None,
+    weight: Annotated[float, typer.Option(help="Its weight, when it is not one of the run's rewards.")] = 1.0,
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Re-score a run's GRPO samples with another reward (or a new version of one) and say what would have
+    changed: agreement with the training reward, groups turned (un)informative, the advantages' correlation.
+    The reward's canaries run first."""
+    from reward_fns.canaries import check_canaries, kind_canaries
+    from reward_fns.registry import build_reward_functions
+    from tasks.errors import UserError
+    from tasks.evaluation import rescore_report, reward_kwargs
+
+    cfg = config_from(None, set_, config)
+    rows = [r for r in ledger_rows(run, cfg, tracking_uri) if r.get("role") == "grpo"]
+    if not rows:
+        raise UserError(f"the ledger of {run!r} holds no GRPO samples")
+    spec = {"name": reward, "path": str(path) if path else None, "weight": weight}
+    functions, _ = build_reward_functions([spec])
+    function = functions[0]
+    name = function.__name__
+    problems = check_canaries(functions, [spec], kind_canaries(cfg.data.kind))
+    if problems:
+        raise UserError(f"reward {name} fails {len(problems)} canary case(s), e.g. {problems[0].describe()}; fix "
+                        "it before re-scoring")  # fmt: skip
+    values = function(completions=[r["completion"] for r in rows], prompts=[r["prompt"] for r in rows],
+                      **reward_kwargs(rows))  # fmt: skip
+    weights = {(s.name.rsplit(":", 1)[-1]): s.weight for s in cfg.rewards}
+    report = rescore_report(rows, name, values, weights, weights.get(name, weight), cfg.grpo.scale_rewards)
+    console.print(json.dumps(report, indent=2, default=str), soft_wrap=True)

@@ -1,0 +1,65 @@
+"""The reward audit's detectors: each fires on a constructed case of its kind and stays quiet on honest runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.evaluation import audit_rollouts
+
+WEIGHTS = {"math_accuracy": 1.0, "boxed_format": 0.2}
+FLAT = {"mean": 0.0, "low": -0.05, "high": 0.05, "n": 100}
+GAIN = {"mean": 0.08, "low": 0.04, "high": 0.12, "n": 100}
+
+
+def rows(steps: int = 6, **per_step: Any) -> list[dict[str, Any]]:
+    """8 trained GRPO rows per step; each keyword is a function of the step giving that column's value."""
+    out = []
+    for step in range(1, steps + 1):
+        for i in range(8):
+            row = {"role": "grpo", "trained": True, "step": step, "group": i // 4, "prompt": f"What is {i} plus {i}?",
+                   "completion": f"\\boxed{{{2 * i}}}", "completion_tokens": 6, "clipped": False,
+                   "reward/math_accuracy": 0.5, "reward/boxed_format": 1.0}  # fmt: skip
+            row.update({key: make(step, i) for key, make in per_step.items()})
+            row["reward_total"] = sum(WEIGHTS[n] * row[f"reward/{n}"] for n in WEIGHTS)
+            out.append(row)
+    return out
+
+
+def detectors(found: list) -> list[str]:
+    return [f.detector for f in found]
+
+
+def test_an_honest_run_has_no_finding() -> None:
+    improving = rows(**{"reward/math_accuracy": lambda s, i: min(1.0, 0.3 + 0.1 * s)})
+    assert audit_rollouts(improving, WEIGHTS, "math_accuracy", GAIN) == []
+    assert audit_rollouts(rows(steps=1), WEIGHTS, "math_accuracy", FLAT) == []  # too short to judge
+
+
+def test_a_format_reward_that_pays_for_boxes_while_answers_stay_wrong() -> None:
+    hacked = rows(**{"reward/math_accuracy": lambda s, i: 0.3, "reward/boxed_format": lambda s, i: min(1.0, s / 4)})
+    found = audit_rollouts(hacked, WEIGHTS, "math_accuracy", FLAT)
+    assert detectors(found) == ["reward_without_correctness", "auxiliary_share_grew"]
+    assert "hold-out pass@1 did not" in found[0].message and found[0].numbers["reward_rise"] > 0.05
+    assert "boxed_format's share of the weighted total grew 20% → 40%" in found[1].message
+    # The same rise with hold-out correctness that did improve: only the share finding stays.
+    assert detectors(audit_rollouts(hacked, WEIGHTS, "math_accuracy", GAIN)) == ["auxiliary_share_grew"]
+
+
+def test_length_blow_up_and_clipping() -> None:
+    longer = rows(completion_tokens=lambda s, i: 6 * s, clipped=lambda s, i: s > 4)
+    found = audit_rollouts(longer, WEIGHTS, "math_accuracy", GAIN)
+    assert detectors(found) == ["length_grew"] and "clipped share 0% → 100%" in found[0].message
+
+
+def test_repetition_and_prompt_copying() -> None:
+    repeating = rows(completion=lambda s, i: "so so so so so so so so" if s > 4 else "the answer is \\boxed{4}")
+    assert detectors(audit_rollouts(repeating, WEIGHTS, "math_accuracy", GAIN)) == ["repetition_rose"]
+    copying = rows(completion=lambda s, i: f"What is {i} plus {i}? \\boxed{{{2 * i}}}" if s > 4 else "\\boxed{1}")
+    assert detectors(audit_rollouts(copying, WEIGHTS, "math_accuracy", GAIN)) == ["prompt_copying"]
+
+
+def test_untrained_and_other_roles_are_not_audited() -> None:
+    set_aside = rows(**{"reward/math_accuracy": lambda s, i: 0.0, "reward/boxed_format": lambda s, i: min(1.0, s / 4)})
+    for row in set_aside:
+        row["trained"] = False
+    assert audit_rollouts(set_aside, WEIGHTS, "math_accuracy", FLAT) == []
