@@ -36,6 +36,11 @@ def test_tiny_pipeline_on_vllm_colocate_registers_a_version_and_says_vllm_genera
     assert grpo.tags["generation"].startswith(f"vllm (colocate): {config.grpo.max_steps} batches")
     assert grpo.tags["generation_backend_configured"] == "vllm"
     assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4  # fp32: vLLM and the trainer agree
+    from tasks.training import read_ledger
+
+    ledger = read_ledger(config.output_dir / "vllm-colocate" / "grpo" / "rollouts")
+    assert len(ledger) == config.grpo.batch_size * config.grpo.max_steps
+    assert {row["backend"] for row in ledger} == {"vllm-colocate"}
     # vLLM's CPU worker replaced torch.set_num_threads with a no-op in this process; grpoflow put torch's back.
     assert torch.get_num_threads() == threads
     torch.set_num_threads(1)
