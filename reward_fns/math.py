@@ -12,6 +12,7 @@ Must not import: Prefect, MLflow, torch, ``tasks``.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from decimal import Decimal, InvalidOperation
@@ -21,6 +22,11 @@ from typing import Any
 from math_verify import LatexExtractionConfig, parse, verify
 
 from reward_fns.text import MAX_ANSWER_CHARS, Completion, boxed_contents, completion_text
+
+# math-verify's own timeout is off on purpose (SIGALRM works only in the main thread; grpoflow bounds the time of
+# each reward call itself), so its warning that it is off says nothing a user can act on.
+for _name in ("math_verify.grader", "math_verify.parser"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 _PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 # Thousands groups: a first group of 1-3 digits (not a lone 0), then groups of exactly three, one separator

@@ -33,6 +33,10 @@ RUNTIME_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    # A console people can read: no artifact download bars, and no Prefect warning about log lines written
+    # outside a flow run (a command such as `generate` runs none; the lines still reach the console).
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
     os.environ.setdefault(_name, _value)

@@ -73,11 +73,26 @@ def store_uri(config: PipelineConfig, tracking_uri: str | None = None) -> str:
     return uri
 
 
+def existing_store_uri(config: PipelineConfig, tracking_uri: str | None = None) -> str:
+    """``store_uri`` for a command that reads the registry: a local store that does not exist is an error here
+    (a registry command never creates one)."""
+    from tasks.config import ConfigError
+    from tasks.tracking import local_store_path
+
+    uri = store_uri(config, tracking_uri)
+    local = local_store_path(uri)
+    if local is not None and not local.exists():
+        raise ConfigError(f"no tracking store at {local} (nothing has run with this config's output_dir yet): "
+                          "give the run's config with --config, or --tracking-uri")  # fmt: skip
+    return uri
+
+
 def registry_client(config: Path | None, set_: list[str] | None, tracking_uri: str | None) -> Any:
-    """The MLflow client of a registry command's store (printed), from --config/--set or --tracking-uri."""
+    """The MLflow client of a registry command's existing store (printed), from --config/--set or
+    --tracking-uri."""
     from tasks.registry import client_for
 
-    return client_for(store_uri(config_from(None, set_, config), tracking_uri))
+    return client_for(existing_store_uri(config_from(None, set_, config), tracking_uri))
 
 
 def setup_logging() -> None:
@@ -86,11 +101,12 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def validated(cfg: PipelineConfig, show: bool = False) -> Any:
-    """Run the validate stage into output_dir/validate for a standalone command; past the limits, a user error."""
+def validated(cfg: PipelineConfig, show: bool = False, folder: Path | None = None) -> Any:
+    """Run the validate stage into ``folder`` (default output_dir/validate) for a standalone command; past the
+    limits, a user error."""
     from tasks.validate import enforce_limits, run_validate
 
-    result = run_validate(cfg, command_dir(cfg.output_dir, "validate"))
+    result = run_validate(cfg, folder or command_dir(cfg.output_dir, "validate"))
     if show:
         console.print_json(json.dumps(result.to_json()))
     enforce_limits(result, cfg)

@@ -17,10 +17,10 @@ from flows.cli.common import (
     TrackingOption,
     config_from,
     console,
+    existing_store_uri,
     notes,
     print_table,
     setup_logging,
-    store_uri,
     validated,
 )
 from tasks.layout import command_dir
@@ -42,7 +42,7 @@ def generate(
     from tasks.registry import fetch_adapter
 
     cfg = config_from(None, set_, config)
-    uri = store_uri(cfg, tracking_uri)
+    uri = existing_store_uri(cfg, tracking_uri)
     with tempfile.TemporaryDirectory() as scratch:
         base, adapter_dir, version = fetch_adapter(uri, model, Path(scratch))
         base_dir = resolve_model_source(base)
@@ -73,7 +73,7 @@ def evaluate(
     setup_logging()
     cfg = config_from(config, set_, config_option)
     preflight(cfg)
-    uri = store_uri(cfg, tracking_uri)
+    uri = existing_store_uri(cfg, tracking_uri)
     data = validated(cfg)
     scratch = command_dir(cfg.output_dir, "evaluate")
     base, adapter_dir, version = fetch_adapter(uri, model, scratch / "download")
@@ -97,7 +97,7 @@ def export(
     from tasks.models import export_merged
     from tasks.registry import fetch_adapter
 
-    uri = store_uri(config_from(None, set_, config), tracking_uri)
+    uri = existing_store_uri(config_from(None, set_, config), tracking_uri)
     with tempfile.TemporaryDirectory() as scratch:
         base, adapter_dir, version = fetch_adapter(uri, model, Path(scratch))
         export_merged(base, adapter_dir, merged)

@@ -29,13 +29,22 @@ def rollback(
     tracking_uri: TrackingOption = None,
     set_: SetOption = None,
 ) -> None:
-    """Move champion back to the champion before it (or to --to VERSION); a plain rollback undoes the last move."""
-    from flows.rollback import rollback_flow
-    from tasks.registry import registered_model
+    """Move champion back to the champion before it (or to --to VERSION); a plain rollback undoes the last move.
+    With PREFECT_API_URL set it runs as the grpoflow-rollback flow there (seen in its UI); else it moves the
+    alias directly, starting no Prefect server."""
+    import os
+
+    from tasks.registry import promotion_lock, registered_model, rollback_champion
 
     client = registry_client(config, set_, tracking_uri)
     registered_model(client, name)  # a missing model is named before any flow or lock starts
-    version = rollback_flow(client.tracking_uri, name, to, reason)
+    if os.environ.get("PREFECT_API_URL"):
+        from flows.rollback import rollback_flow
+
+        version = rollback_flow(client.tracking_uri, name, to, reason)
+    else:
+        with promotion_lock(client.tracking_uri, name):
+            version = rollback_champion(client, name, to, reason, "grpoflow rollback")
     console.print(f"{name}@champion → version {version}")
 
 

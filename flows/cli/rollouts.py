@@ -89,7 +89,11 @@ def rollouts(
         if output == "jsonl":
             _show(pairs, output, "")
             return
-        print_table(f"{run}: the same prompts at step ≤ {diff[0]} and ≥ {diff[1]} ({len(pairs)} shown)", [
+        same = all(p["same_prompt"] for p in pairs)
+        title = (f"{run}: the same prompts at step ≤ {diff[0]} and ≥ {diff[1]} ({len(pairs)} shown)" if same else
+                 f"{run}: no prompt was sampled both by step {diff[0]} and from step {diff[1]} (each is drawn once per "
+                 f"epoch): steps {pairs[0]['step_a']} and {pairs[0]['step_b']}, group by group")  # fmt: skip
+        print_table(title, [
             {"prompt_id": p["prompt_id"], "steps": f"{p['step_a']}→{p['step_b']}",
              "reward": f"{p['reward_a']:.2f}→{p['reward_b']:.2f}", "early": str(p["completion_a"])[:50],
              "late": str(p["completion_b"])[:50]} for p in pairs])  # fmt: skip

@@ -84,8 +84,12 @@ def validate(config: ConfigArg = None, config_option: ConfigOption = None, set_:
 
 def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:
     """Run every check that needs no model, then exit: the config, paths and model source, the data's columns
-    and rows (the validate stage, with its quarantine), reward imports, and the tracking store."""
+    and rows (the validate stage, with its quarantine reasons), reward imports, and the tracking store. It writes
+    nothing: the split goes to a temporary folder, and a local store that does not exist yet is not created."""
+    import tempfile
+
     from tasks.preflight import PreflightError, path_problems, tracking_problem
+    from tasks.tracking import local_store_path
 
     cfg = config_from(config, set_, config_option)  # the config's keys and its reward imports
     console.print("config and reward imports: ok")
@@ -93,17 +97,26 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
     if problems:
         raise PreflightError("; ".join(problems))
     console.print("paths and model source: ok")
-    result = validated(cfg)
+    with tempfile.TemporaryDirectory(prefix="grpoflow-check-") as scratch:
+        result = validated(cfg, folder=Path(scratch))
+    reasons = ", ".join(
+        f"{reason} ×{count}" for reason, count in sorted(result.reasons.items(), key=lambda item: -item[1])[:3]
+    )
     console.print(
         f"data: ok ({result.rows_kept}/{result.rows_in} rows kept, {result.rows_train} train, "
-        f"{result.rows_holdout} hold-out; quarantine: {result.quarantine_path})"
+        f"{result.rows_holdout} hold-out; {result.rows_quarantined} quarantined{': ' + reasons if reasons else ''})"
     )
+    uri = store_uri(cfg)
+    local = local_store_path(uri)
+    if local is not None and not local.exists():
+        console.print(f"tracking store: ok (a new local store, created at {local} by the first run)")
+        return
     problem = tracking_problem(cfg)
     if problem:
         from tasks.tracking import RegistryError
 
         raise RegistryError(problem)
-    console.print(f"tracking store: ok ({store_uri(cfg)})")
+    console.print(f"tracking store: ok ({uri})")
 
 
 def probe(

@@ -24,8 +24,29 @@ def _format_errors(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        lines.append(f"  {path}: {item['msg']}")
+        hint = _did_you_mean(item["loc"]) if item["type"] == "extra_forbidden" else ""
+        lines.append(f"  {path}: {item['msg']}{hint}")
     return "\n".join(lines)
+
+
+def _did_you_mean(location: tuple[Any, ...]) -> str:
+    """For an unknown key, the closest key its section has.
+
+    >>> _did_you_mean(("grpo", "num_generation"))
+    ' (did you mean grpo.num_generations?)'
+    >>> _did_you_mean(("grpo", "zzz"))
+    ''
+    """
+    import difflib
+
+    model: Any = PipelineConfig
+    for part in location[:-1]:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None or not hasattr(field.annotation, "model_fields"):
+            return ""
+        model = field.annotation
+    close = difflib.get_close_matches(str(location[-1]), list(getattr(model, "model_fields", {})), n=1)
+    return f" (did you mean {'.'.join([*map(str, location[:-1]), close[0]])}?)" if close else ""
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:

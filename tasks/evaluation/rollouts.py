@@ -88,25 +88,34 @@ def extreme_groups(rows: Sequence[dict[str, Any]], count: int, worst: bool = Tru
 
 def diff_steps(rows: Sequence[dict[str, Any]], early: int, late: int) -> list[dict[str, Any]]:
     """The same prompts early and late: for each prompt sampled at a step ≤ ``early`` and again at a step
-    ≥ ``late``, its last early group and its first late group, side by side (one row per prompt)."""
+    ≥ ``late``, its last early group and its first late group, side by side (one row per prompt). When no prompt
+    was sampled both times (a short run draws each prompt once per epoch), the groups of the steps nearest to
+    ``early`` and ``late``, side by side in order (``same_prompt`` false)."""
+    groups = list(groups_of([r for r in rows if r.get("role") == "grpo"]).values())
     before: dict[str, list[dict[str, Any]]] = {}
     after: dict[str, list[dict[str, Any]]] = {}
-    for group in groups_of([r for r in rows if r.get("role") == "grpo"]).values():
+    for group in groups:
         step, prompt = group[0]["step"], str(group[0]["prompt_id"])
         if step <= early and (prompt not in before or before[prompt][0]["step"] < step):
             before[prompt] = group
         if step >= late and (prompt not in after or after[prompt][0]["step"] > step):
             after[prompt] = group
-    pairs = []
-    for prompt in sorted(set(before) & set(after), key=lambda p: before[p][0]["step"]):
-        a, b = before[prompt], after[prompt]
-        pairs.append({
-            "prompt_id": prompt, "prompt": a[0]["prompt"], "step_a": a[0]["step"], "step_b": b[0]["step"],
-            "reward_a": _mean([r.get("reward_total") for r in a]),
-            "reward_b": _mean([r.get("reward_total") for r in b]),
-            "completion_a": a[0]["completion"], "completion_b": b[0]["completion"],
-        })  # fmt: skip
-    return pairs
+    common = sorted(set(before) & set(after), key=lambda p: before[p][0]["step"])
+    pairs = [(before[p], after[p], True) for p in common]
+    if not pairs and groups:
+        steps = sorted({g[0]["step"] for g in groups})
+        first = max([s for s in steps if s <= early] or steps[:1])
+        last = min([s for s in steps if s >= late] or steps[-1:])
+        early_groups = [g for g in groups if g[0]["step"] == first]
+        late_groups = [g for g in groups if g[0]["step"] == last]
+        pairs = [(a, b, False) for a, b in zip(early_groups, late_groups, strict=False)]
+    return [
+        {"same_prompt": same, "prompt_id": a[0]["prompt_id"] if same else f"{a[0]['prompt_id']} / {b[0]['prompt_id']}",
+         "prompt": a[0]["prompt"], "step_a": a[0]["step"], "step_b": b[0]["step"],
+         "reward_a": _mean([r.get("reward_total") for r in a]), "reward_b": _mean([r.get("reward_total") for r in b]),
+         "completion_a": a[0]["completion"], "completion_b": b[0]["completion"]}
+        for a, b, same in pairs
+    ]  # fmt: skip
 
 
 def _mean(values: Sequence[float | None]) -> float:

@@ -30,6 +30,9 @@ def gx_audit(
     )
     frame["prompt_chars"] = frame["prompt_text"].str.len()
     context = gx.get_context(mode="ephemeral")
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # one progress display: grpoflow's
     actions = []
     if docs_dir is not None:
         context.add_data_docs_site(

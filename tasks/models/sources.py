@@ -81,6 +81,7 @@ def _convert_smollm2(destination: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
     align_special_tokens(tokenizer, model.config)
+    tokenizer.clean_up_tokenization_spaces = False  # a BPE tokenizer: the clean-up is destructive (and warned on)
     # Trainers refuse a GGUF-quantized object; the dequantized weights are a plain fp32 model.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

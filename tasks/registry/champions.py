@@ -189,7 +189,7 @@ def rollback_champion(
         earlier = stack[:-1] if current is not None else stack
         if not earlier:
             shown = ", ".join(f"v{m.version} ({m.kind})" for m in moves[-5:]) or "none"
-            raise RegistryError(
+            raise NothingToRollBack(
                 f"{name} has no earlier champion to roll back to (last moves: {shown}); give a version with --to"
             )
         target, kind = earlier[-1], "undo"
@@ -237,3 +237,9 @@ def version_rows(client: Any, name: str) -> list[dict[str, str]]:
         row["run"] = tags.get("pipeline_run_id", "-")
         rows.append(row)
     return rows
+
+
+class NothingToRollBack(RegistryError):
+    """``rollback`` without ``--to`` when no earlier champion exists: the request, not the registry, is wrong."""
+
+    exit_code = 2

@@ -31,7 +31,9 @@ class GrpoflowAdapterModel(PythonModel):
         self.tokenizer = load_tokenizer(base_dir)
         self.model = load_policy(base_dir, context.artifacts["adapter"])
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
+    # model_input carries no type hint: MLflow turns a hint into an input schema it then enforces (and warns, twice
+    # per registered version, about any hint that is not list[...]); prompts come as a list or a DataFrame.
+    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> list[str]:  # noqa: ANN001
         from tasks.inputs import render_prompt
         from tasks.models import generate_completions
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 from tasks.config import PipelineConfig
 from tasks.models import resolve_dtype
@@ -195,6 +196,17 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.split("-")[-1])
 
 
+class StepProgress(ProgressCallback):
+    """transformers' training bar (steps, rate, time left) with the loss and the reward on it, instead of a raw
+    dict of every metric printed at each step (those go to MLflow and the Prefect log)."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            shown = {k: f"{logs[k]:.3g}" for k in ("loss", "reward") if isinstance(logs.get(k), int | float)}
+            if shown:
+                self.training_bar.set_postfix(shown, refresh=False)
+
+
 def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapter_dir: Path) -> int:
     """Train what is left from ``resume_from`` and save the adapter; returns the steps trained in all. A
     checkpoint at ``max_steps`` (a kill after the last step) is the result itself: its adapter is taken as is
@@ -203,6 +215,8 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
 
     from tasks.layout import publish_dir
 
+    if trainer.pop_callback(ProgressCallback) is not None:  # one readable bar (PrinterCallback: no bar, kept)
+        trainer.add_callback(StepProgress())
     staging = adapter_dir.with_name(f".{adapter_dir.name}.staging")
     writes = trainer.is_world_process_zero()  # on N processes, rank 0 alone writes the adapter
     if writes:

@@ -153,9 +153,9 @@ USER_ERRORS = {
     "path taken for a Hub id": (["run", "--set", "model.source=models/my-model"], "is neither a folder"),
     "reward not importable": (
         ["check", "--set", 'rewards=[{"name": "no_such_module:score"}]'], "the module must be importable"),
-    "version that does not exist": (
-        ["generate", "hi", "--model", "models:/nope/3"], "models:/nope/3 does not exist at sqlite:"),
-    "rollback of an unknown model": (["rollback", "nope"], "no registered model 'nope' at sqlite:"),
+    "registry command before any run": (["generate", "hi", "--model", "models:/nope/3"], "no tracking store at "),
+    "rollback before any run": (["rollback", "nope"], "no tracking store at "),
+    "mistyped config key": (["check", "--set", "grpo.num_generation=4"], "did you mean grpo.num_generations?"),
 }  # fmt: skip
 
 
@@ -180,3 +180,37 @@ def test_an_unreachable_tracking_server_fails_fast_naming_it(tmp_path: Path) -> 
     assert result.returncode != 0 and time.monotonic() - started < 90  # MLflow's own retries took ~4 minutes
     assert "RegistryError: MLflow at http://127.0.0.1:9 is unavailable" in result.stderr  # --debug: the traceback
     assert "Traceback" in result.stderr
+
+
+def test_registry_commands_touch_nothing_and_name_user_errors(registered_tiny, tmp_path: Path) -> None:
+    """A registry command on a store that does not exist creates none; an unknown model or version, or a rollback
+    with no earlier champion, is a user error (exit 2); a rollback on a local store starts no Prefect server."""
+    config, _ = registered_tiny
+    uri = config.resolved_tracking_uri()
+    fresh = tmp_path / "fresh"
+    result = grpoflow("versions", "grpoflow-tiny", "--set", f"output_dir={fresh}")
+    assert result.exit_code == 2 and "no tracking store at" in result.output and not fresh.exists()
+    result = grpoflow("rollback", "nope", "--tracking-uri", uri)
+    assert result.exit_code == 2 and "no registered model 'nope'" in result.output
+    result = grpoflow("generate", "hi", "--model", "models:/grpoflow-tiny/99", "--tracking-uri", uri)
+    assert result.exit_code == 2 and "models:/grpoflow-tiny/99 does not exist" in result.output
+    script = (
+        "import sys; from flows.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as exit:\n    code = exit.code\nelse:\n    code = 0\n"
+        "print('EXIT', code, 'prefect server imported:', 'prefect.server.api.server' in sys.modules)\n"
+    )
+    command = [sys.executable, "-c", script, "rollback", "grpoflow-tiny", "--tracking-uri", uri]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert "EXIT 2 prefect server imported: False" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "has no earlier champion to roll back to" in done.stderr
+    history = grpoflow("history", "grpoflow-tiny-sft", "--tracking-uri", uri)  # never champion: no moves
+    assert history.exit_code == 0 and "(none)" in history.output.splitlines()[-1]
+
+
+def test_check_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = grpoflow("check", "configs/tiny.yaml", "--set", f"output_dir={out}")
+    assert result.exit_code == 0, result.output
+    assert "data: ok (" in result.output and "a new local store, created at" in result.output
+    assert not out.exists()

@@ -57,6 +57,16 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
     output, _ = second.communicate(timeout=300)
     assert second.returncode == 0, output
     assert "resuming resume-1" in output
+    # A console people can read: no raw metric dicts, foreign progress bars or warnings nobody can act on.
+    for noise in ("{'loss'", "Calculating Metrics", "Timeout is disabled", "Downloading artifacts",
+                  "without a flow run id", "clean_up_tokenization_spaces", "Type hint used in the model's predict"):
+        assert noise not in output, (noise, output[-3000:])  # fmt: skip
+    from tasks.training import read_ledger
+
+    # The rollout ledger after a SIGKILL between checkpoints and a resume: every step's samples, each once.
+    ledger = read_ledger(tmp_path / "out" / "resume-1" / "grpo" / "rollouts")
+    steps = [row["step"] for row in ledger]
+    assert sorted(set(steps)) == list(range(1, 13)) and all(steps.count(s) == 8 for s in range(1, 13))
 
     cfg = load_config(config_path)
     client = client_for(cfg.resolved_tracking_uri())
