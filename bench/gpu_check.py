@@ -216,9 +216,16 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     import trl
 
-    from tasks.grpo import grpo_trainer_class, resolve_backend, run_grpo
+    from tasks.grpo import grpo_trainer_class, run_grpo
     from tasks.inputs import arithmetic_rows, render_prompt, write_jsonl
-    from tasks.models import GenerationStats, generate_completions, load_policy, load_tokenizer, resolve_dtype
+    from tasks.models import (
+        GenerationStats,
+        generate_completions,
+        load_policy,
+        load_tokenizer,
+        pipeline_backend,
+        resolve_dtype,
+    )
     from tasks.sft import run_sft
     from tasks.speedups import speedups_on
 
@@ -239,7 +246,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
             "weights": weights,
             "precision": str(resolve_dtype(config.model.precision)).removeprefix("torch."),
             "speedups": {"setting": args.speedups, "on": speedups_on(args.speedups)},
-            "grpo_backend": resolve_backend(config.grpo.generation.backend),
+            "grpo_backend": pipeline_backend(config),
             "grpo_trainer": grpo_trainer_class(config.grpo.speedups).__name__,
         }
 

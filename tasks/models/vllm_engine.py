@@ -231,14 +231,14 @@ def sampling_params(
     )
 
 
-class VllmSampler:
-    """Probe's and evaluation's sampler on the shared engine: the same prompts (rendered text, tokenized as the
-    transformers path tokenizes them) and settings as ``generate_completions``, one call for all prompts."""
+class EngineSampler:
+    """What the vLLM samplers share: prompts are rendered text, tokenized as the transformers path tokenizes them,
+    and all of them go to the engine in one call (``_complete``: the texts and the new-token count of each
+    prompt's samples); ``stats`` and ``progress`` as ``generate_completions`` keeps them."""
 
     backend = "vllm"
 
-    def __init__(self, llm: Any, tokenizer: Any, adapter_dir: Path | None) -> None:
-        self.llm = llm
+    def __init__(self, tokenizer: Any, adapter_dir: Path | None) -> None:
         self.tokenizer = tokenizer
         self.adapter_dir = adapter_dir
 
@@ -254,26 +254,45 @@ class VllmSampler:
         progress: Callable[[int, int], None] | None = None,
         stats: Any = None,
     ) -> list[list[str]]:
-        """``n`` completions per prompt in prompt order (greedy: one). Same seed → same samples on this engine."""
-        import torch
-
+        """``n`` completions per prompt in prompt order (greedy: one)."""
         if not prompts:
             return []
         started = time.perf_counter()
         encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
-        params = sampling_params(n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=greedy)
-        torch.manual_seed(seed)  # vLLM's CPU sampler draws from torch's global generator
+        answers = self._complete(encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed)
+        if stats is not None:
+            stats.sequences += sum(len(texts) for texts, _ in answers)
+            stats.new_tokens += sum(tokens for _, tokens in answers)
+            stats.seconds += time.perf_counter() - started
+        if progress is not None:
+            progress(len(prompts), len(prompts))
+        return [texts for texts, _ in answers]
+
+    def _complete(
+        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[tuple[list[str], int]]:
+        raise NotImplementedError
+
+
+class VllmSampler(EngineSampler):
+    """Probe's and evaluation's sampler on the shared in-process engine. Same seed → same samples: vLLM's CPU
+    sampler draws from torch's global generator, seeded before each call."""
+
+    def __init__(self, llm: Any, tokenizer: Any, adapter_dir: Path | None) -> None:
+        super().__init__(tokenizer, adapter_dir)
+        self.llm = llm
+
+    def _complete(
+        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[tuple[list[str], int]]:
+        import torch
+
+        params = sampling_params(n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=temperature == 0)
+        torch.manual_seed(seed)
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for ids in encoded],
             sampling_params=params,
             lora_request=adapter_request(self.adapter_dir),
             use_tqdm=False,
         )
-        results = [[choice.text for choice in output.outputs] for output in outputs]
-        if stats is not None:
-            stats.sequences += sum(len(output.outputs) for output in outputs)
-            stats.new_tokens += sum(len(choice.token_ids) for output in outputs for choice in output.outputs)
-            stats.seconds += time.perf_counter() - started
-        if progress is not None:
-            progress(len(prompts), len(prompts))
-        return results
+        return [([c.text for c in o.outputs], sum(len(c.token_ids) for c in o.outputs)) for o in outputs]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import InfrastructureError
+from tasks.models.vllm_engine import EngineSampler
 
 logger = logging.getLogger(__name__)
 
@@ -179,49 +180,27 @@ class VllmServerClient:
         }
 
 
-class ServerSampler:
+class ServerSampler(EngineSampler):
     """Probe's and evaluation's sampler on a vLLM server: the adapter is loaded under a name of its own, then
-    every prompt goes in one request, as ``VllmSampler`` does in-process."""
+    every prompt goes in one request. No per-request seed (vLLM's CPU sampler refuses one): samples depend on the
+    server's state, so evaluation numbers from a shared server are not bit-reproducible."""
 
     backend = "vllm-server"
 
     def __init__(self, client: VllmServerClient, tokenizer: Any, adapter_dir: Path | None) -> None:
+        super().__init__(tokenizer, adapter_dir)
         self.client = client
-        self.tokenizer = tokenizer
-        self.adapter_dir = adapter_dir
 
-    def sample(
-        self,
-        prompts: Sequence[str],
-        *,
-        n: int = 1,
-        temperature: float = 1.0,
-        max_new_tokens: int = 32,
-        seed: int = 0,
-        greedy: bool = False,
-        progress: Callable[[int, int], None] | None = None,
-        stats: Any = None,
-    ) -> list[list[str]]:
-        """``n`` completions per prompt in prompt order (greedy: one); ``seed`` goes to the request where the
-        server's device takes one (GPUs; vLLM's CPU sampler refuses a per-request seed)."""
-        if not prompts:
-            return []
-        started = time.perf_counter()
+    def _complete(
+        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+    ) -> list[tuple[list[str], int]]:
         model = SERVED_BASE_NAME
         if self.adapter_dir is not None:
             model = f"eval-{time.monotonic_ns()}"
             self.client.load_adapter(model, self.adapter_dir)
-        samples = 1 if greedy else n
-        encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
-        answer = self.client.generate(
-            encoded, n=samples, temperature=0.0 if greedy else temperature, max_tokens=max_new_tokens,
-            logprobs=None, model=model,
-        )  # fmt: skip
-        texts = answer["texts"]
-        if stats is not None:
-            stats.sequences += len(texts)
-            stats.new_tokens += sum(len(ids) for ids in answer["completion_ids"])
-            stats.seconds += time.perf_counter() - started
-        if progress is not None:
-            progress(len(prompts), len(prompts))
-        return [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
+        answer = self.client.generate(encoded, n=n, temperature=temperature, max_tokens=max_new_tokens,
+                                      logprobs=None, model=model)  # fmt: skip
+        texts, ids = answer["texts"], answer["completion_ids"]
+        return [
+            (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(encoded))
+        ]
