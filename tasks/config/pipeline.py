@@ -41,6 +41,17 @@ from tasks.config.settings import (
     _Strict,
 )
 
+# Keys added since configs were first hashed: hashed only when set away from their default.
+ADDED_LATER = (
+    "grpo.generation.vllm_server_timeout_s",
+    "grpo.generation.vllm_kv_cache_gib",
+    "grpo.generation.vllm_adapter_dir",
+    "grpo.generation.vllm_max_model_len",
+    "grpo.generation.vllm_max_logp_difference",
+    "grpo.ledger_flush_steps",
+    "promotion.block_on_audit",
+)
+
 
 class PipelineConfig(_Strict):
     name: str = "demo"
@@ -110,6 +121,16 @@ class PipelineConfig(_Strict):
         return f"sqlite:///{(self.output_dir.resolve() / 'mlflow.db').as_posix()}"
 
     def config_hash(self) -> str:
-        """A short content hash of everything that changes what a run produces (output paths excluded)."""
+        """A short content hash of everything that changes what a run produces (output paths excluded). Keys added
+        after a release count only when set away from their default (``ADDED_LATER``), so an unchanged config keeps
+        its hash: Prefect's stage cache and registered versions' ``config_hash`` tags stay valid."""
         payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration", "watch"})
+        defaults = PipelineConfig().model_dump(mode="json")
+        for dotted in ADDED_LATER:
+            *parents, leaf = dotted.split(".")
+            node, default = payload, defaults
+            for part in parents:
+                node, default = node.get(part, {}), default.get(part, {})
+            if leaf in node and node[leaf] == default.get(leaf):
+                del node[leaf]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -92,3 +92,10 @@ def test_every_kind_has_a_correctness_reward() -> None:
 def test_config_hash_of_an_unchanged_config_is_what_it_was_before_the_package_move() -> None:
     """Part of Prefect's cache key: ``--resume`` of a run started before the move still finds its stages."""
     assert load_config(REPO / "configs" / "tiny.yaml").config_hash() == "3c89c1bf1078fa28"
+
+
+def test_keys_added_later_change_the_hash_only_when_set() -> None:
+    base = load_config(REPO / "configs" / "tiny.yaml")
+    blocked = load_config(REPO / "configs" / "tiny.yaml", {"promotion.block_on_audit": True})
+    bound = load_config(REPO / "configs" / "tiny.yaml", {"grpo.generation.vllm_max_logp_difference": 0.2})
+    assert len({base.config_hash(), blocked.config_hash(), bound.config_hash()}) == 3
