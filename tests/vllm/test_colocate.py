@@ -90,8 +90,8 @@ def test_vllm_samples_step_n_plus_1_with_the_trainers_adapter_after_step_n(
     config = _length_rewarded(make_vllm_config, tmp_path, **{"grpo.max_steps": 3})
     split = _split(config, tmp_path)
     digests = AdapterDigests(tmp_path / "digests")
-    caplog.set_level(logging.DEBUG, logger="tasks.speedups.vllm_colocate")
     caplog.set_level(logging.INFO, logger="tasks.speedups.grpo_trainer")
+    caplog.set_level(logging.DEBUG, logger="tasks.speedups.vllm_colocate")  # last: the handler takes this level
     result = run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "grpo", [digests])
     assert "shared prefill checked against TRL's log-probs" in caplog.text  # the loss speed-up, self-checked
     syncs = [(int(m[1]), m[2]) for m in re.finditer(r"step (\d+), .* sha256 (\w+)", caplog.text)]
