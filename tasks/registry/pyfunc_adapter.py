@@ -10,10 +10,15 @@ Needs grpoflow installed where it is loaded (``--env-manager local``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import mlflow
 from mlflow.pyfunc import PythonModel
+
+# MLflow checks predict's type hint when the class below is defined (so on every save and load) and asks for one;
+# a hint would replace the explicit signature and its params (max_new_tokens, temperature), so there is none.
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*", category=UserWarning)
 
 
 class GrpoflowAdapterModel(PythonModel):
@@ -31,8 +36,7 @@ class GrpoflowAdapterModel(PythonModel):
         self.tokenizer = load_tokenizer(base_dir)
         self.model = load_policy(base_dir, context.artifacts["adapter"])
 
-    # model_input carries no type hint: MLflow turns a hint into an input schema it then enforces (and warns, twice
-    # per registered version, about any hint that is not list[...]); prompts come as a list or a DataFrame.
+    # model_input carries no type hint (see the filter above); prompts come as a list or a DataFrame.
     def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> list[str]:  # noqa: ANN001
         from tasks.inputs import render_prompt
         from tasks.models import generate_completions
