@@ -20,7 +20,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,  # grpoflow's own errors are printed by main(); bugs keep their traceback
     help="grpoflow: validate → probe → SFT → GRPO → evaluate → promote. Exit codes: 0 done, 1 bug, 2 user "
-    "error, 3 stopped by a gate, 4 infrastructure. --debug shows tracebacks.",
+    "error, 3 stopped by a gate, 4 infrastructure. --debug shows tracebacks; --quiet only warnings, errors and "
+    "the result; --verbose every log line.",
 )
 console = Console()
 # Where a command says which config, store and server it used: stderr, so stdout stays the result.
@@ -95,9 +96,31 @@ def registry_client(config: Path | None, set_: list[str] | None, tracking_uri: s
     return client_for(existing_store_uri(config_from(None, set_, config), tracking_uri))
 
 
+# Libraries whose info lines a user cannot act on; the console shows their warnings and errors only.
+NOISY_LOGGERS = ("httpx", "alembic", "mlflow.store", "great_expectations")
+
+
+class LibraryChatterFilter(logging.Filter):
+    """Drop the info lines of ``NOISY_LOGGERS`` and their children from a console handler. A level on the logger
+    is not enough: Great Expectations sets its docs-site logger to INFO when that module is imported."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith(NOISY_LOGGERS)
+
+
 def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "alembic", "mlflow.store", "great_expectations"):
+    """The console's log lines at the level ``--quiet`` / ``--verbose`` chose (``GRPOFLOW_CONSOLE``): quiet shows
+    warnings and errors only; verbose adds grpoflow's debug lines and the libraries' own info lines."""
+    import os
+
+    mode = os.environ.get("GRPOFLOW_CONSOLE", "normal")
+    level = {"quiet": logging.WARNING, "verbose": logging.DEBUG}.get(mode, logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if mode == "verbose":
+        for package in ("tasks", "reward_fns", "flows"):
+            logging.getLogger(package).setLevel(logging.DEBUG)
+        return
+    for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

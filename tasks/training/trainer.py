@@ -5,6 +5,7 @@ Must not import: Prefect, the stages."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -215,7 +216,8 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
 
     from tasks.layout import publish_dir
 
-    if trainer.pop_callback(ProgressCallback) is not None:  # one readable bar (PrinterCallback: no bar, kept)
+    # One readable bar (PrinterCallback: no bar, kept); none under `grpoflow --quiet`.
+    if trainer.pop_callback(ProgressCallback) is not None and os.environ.get("GRPOFLOW_CONSOLE") != "quiet":
         trainer.add_callback(StepProgress())
     staging = adapter_dir.with_name(f".{adapter_dir.name}.staging")
     writes = trainer.is_world_process_zero()  # on N processes, rank 0 alone writes the adapter

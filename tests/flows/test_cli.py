@@ -213,3 +213,20 @@ def test_check_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "data: ok (" in result.output and "a new local store, created at" in result.output
     assert not out.exists()
+
+
+def test_quiet_shows_only_the_result_and_verbose_shows_every_log_line(tmp_path: Path) -> None:
+    def validate(*flags: str) -> str:
+        command = [sys.executable, "-m", "flows.cli", "validate", "configs/tiny.yaml",
+                   "--set", f"output_dir={tmp_path}", "--set", "data.arithmetic.num_rows=50", *flags]  # fmt: skip
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    normal, quiet, verbose = validate(), validate("--quiet"), validate("--verbose")
+    for output in (normal, quiet, verbose):
+        assert '"rows_in": 50' in output  # the result, whatever the console shows
+    assert "config: configs/tiny.yaml" in normal and "Created temporary directory" not in normal
+    assert "config:" not in quiet and "INFO" not in quiet
+    # --verbose: the libraries' info lines too (Great Expectations' docs-site folder).
+    assert "config: configs/tiny.yaml" in verbose and "Created temporary directory" in verbose
