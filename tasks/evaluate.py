@@ -32,6 +32,7 @@ from tasks.evaluation import (
     paired_difference,
     pass_at_k,
     pass_at_k_curve,
+    sample_for_evaluation,
     score_groups,
 )
 from tasks.inputs import prompt_text, read_jsonl, render_prompt
@@ -154,16 +155,12 @@ def score_model(
     tokenizer = sampler.tokenizer
     prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     stats = GenerationStats()
-    common = {
-        "max_new_tokens": settings.max_new_tokens,
-        "stats": stats,
-        "progress": lambda done, total: logger.info("evaluate %s: %d/%d prompts", spec.name, done, total),
-    }
     logger.info("evaluate %s: sampling with %s", spec.name, sampler.backend)
-    greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
-    sampled = sampler.sample(
-        prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
-    )
+
+    def progress(done: int, total: int) -> None:
+        logger.info("evaluate %s: %d/%d prompts", spec.name, done, total)
+
+    greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, progress)
     greedy_scores, sampled_scores = score_groups(config, rows, greedy), score_groups(config, rows, sampled)
     greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
     if ledger_dir is not None:

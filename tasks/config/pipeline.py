@@ -50,6 +50,7 @@ ADDED_LATER = (
     "grpo.generation.vllm_max_logp_difference",
     "grpo.ledger_flush_steps",
     "promotion.block_on_audit",
+    "evaluation.cache",
 )
 
 

@@ -244,6 +244,11 @@ class EvaluationSettings(_Strict):
     batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
     bootstrap_resamples: int = Field(2000, ge=100)
     forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
+    cache: bool = Field(
+        True,
+        description="Reuse a model's hold-out completions when the same model (by content), prompts, sampling "
+        "settings, seed and engine were evaluated before (<cache>/evaluation): the same table, not sampled again.",
+    )
     general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")
     general_questions: Path | None = Field(
         None,

@@ -30,7 +30,8 @@ def _table(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(output: Path, run_id: str) -> tuple[PipelineConfig, dict[str, Any]]:
-    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})  # its own store: no champion
+    # Its own store (no champion); no evaluation cache, so the second run samples its evaluation again.
+    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output), "evaluation": {"cache": False}})
     return config, pipeline(config, run_id)
 
 

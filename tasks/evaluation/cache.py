@@ -1,0 +1,121 @@
+"""Evaluation's completions, cached by what decides them: the model's content (the base folder and the adapter's
+bytes), the prompts, the sampling settings, the seed, the precision and the engine. A model evaluated again on the
+same hold-out prompts (the base and SFT models of a second run, a re-run with the same seed) is not sampled again:
+its completions are read back and scored as if just generated, so the evaluation table is the same to the bit.
+Rewards are always recomputed (they are cheap, and a changed reward must show). Files live under
+``<cache>/evaluation`` (``GRPOFLOW_CACHE``, default ``~/.cache/grpoflow``), one JSON file per model and setting.
+Must not import: Prefect, MLflow, the stages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VERSION = "v1"  # bump when the decoding loop changes what a seed draws
+
+
+def model_content_key(base_model_dir: Path, adapter_dir: Path | None) -> str:
+    """A key for a model's content: the base folder's fingerprint (files by size and mtime, as the forgetting
+    check keys it: the converted base is written once) and the adapter's bytes, hashed in full (a retrained
+    adapter with the same bytes is the same model; one with other bytes is not, whatever its folder).
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    >>> model_content_key(folder, folder) == model_content_key(folder, folder), len(model_content_key(folder, None))
+    (True, 20)
+    """
+    from tasks.evaluation.forgetting import fingerprint
+
+    digest = hashlib.sha256(fingerprint(base_model_dir).encode())
+    if adapter_dir is not None:
+        for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
+            digest.update(file.relative_to(adapter_dir).as_posix().encode())
+            with file.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:20]
+
+
+def completions_key(model_key: str, prompts: list[str], settings: dict[str, Any]) -> str:
+    """The cache key of one model's completions of ``prompts`` under ``settings`` (sampling, seed, batch size,
+    precision, engine: everything that changes what is drawn).
+
+    >>> a = completions_key("m", ["1+1?"], {"seed": 0})
+    >>> a == completions_key("m", ["1+1?"], {"seed": 0}), a == completions_key("m", ["1+1?"], {"seed": 1})
+    (True, False)
+    """
+    payload = json.dumps({"model": model_key, "prompts": prompts, "settings": settings, "version": VERSION},
+                         sort_keys=True)  # fmt: skip
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _path(key: str) -> Path:
+    from tasks.models import cache_dir
+
+    return cache_dir() / "evaluation" / f"{key}.json"
+
+
+def load_completions(key: str) -> dict[str, Any] | None:
+    """The cached completions (``greedy``, ``sampled``, ``stats``) under ``key``, or None (absent or unreadable:
+    an unreadable entry is sampled again and rewritten)."""
+    path = _path(key)
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if {"greedy", "sampled", "stats"} <= set(entry):
+            return entry
+    except (OSError, ValueError):
+        pass
+    logger.warning("evaluation cache entry %s is unreadable: sampling again", path)
+    return None
+
+
+def save_completions(key: str, greedy: list[list[str]], sampled: list[list[str]], stats: dict[str, Any]) -> None:
+    """Keep one model's completions under ``key`` (written whole or not at all)."""
+    from tasks.layout import write_atomically
+
+    path = _path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps({"greedy": greedy, "sampled": sampled, "stats": stats}))
+
+
+def sample_for_evaluation(
+    config: Any, spec: Any, sampler: Any, prompts: list[str], stats: Any, progress: Any
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Greedy and sampled completions of ``prompts`` for evaluation (``evaluation`` settings), read from the cache
+    when this model was sampled so before (``evaluation.cache``; a vLLM server's model is not ours to key, so
+    it is always sampled). ``stats`` gets the generation's own figures either way."""
+    settings = config.evaluation
+    common = {"max_new_tokens": settings.max_new_tokens, "stats": stats, "progress": progress}
+    key = None
+    server = sampler.backend != "transformers" and config.grpo.generation.vllm_mode == "server"
+    if settings.cache and not server:
+        from tasks.speedups import speedups_on
+
+        key = completions_key(model_content_key(spec.base_model_dir, spec.adapter_dir), prompts, {
+            "n": settings.n_samples, "temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens,
+            "batch_size": settings.batch_size, "seed": config.seed, "precision": config.model.precision,
+            "backend": sampler.backend, "stock": not speedups_on(config.grpo.speedups),
+        })  # fmt: skip
+        entry = load_completions(key)
+        if entry is not None:
+            logger.info("evaluate %s: completions from the evaluation cache (same model, prompts and settings)",
+                        spec.name)  # fmt: skip
+            for name, value in entry["stats"].items():
+                setattr(stats, name, value)
+            return entry["greedy"], entry["sampled"]
+    greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
+    sampled = sampler.sample(
+        prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
+    )
+    if key is not None:
+        save_completions(key, greedy, sampled, {"sequences": stats.sequences, "new_tokens": stats.new_tokens,
+                                                 "seconds": stats.seconds})  # fmt: skip
+    return greedy, sampled

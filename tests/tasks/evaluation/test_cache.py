@@ -1,0 +1,66 @@
+"""The evaluation cache: a model evaluated again on the same prompts and settings is read back, and the evaluation
+table is the same to the byte; another seed, another adapter or the cache turned off samples again."""
+
+import logging
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.evaluate import ModelSpec, run_evaluate
+from tasks.evaluation.cache import model_content_key
+from tasks.models import cache_dir
+
+FROM_CACHE = "completions from the evaluation cache"
+
+
+def _evaluation(config: PipelineConfig, split, base: Path, adapter: Path, folder: Path, caplog) -> tuple[str, int]:
+    """The evaluation table's bytes, and how many models were read back from the cache."""
+    caplog.clear()
+    models = {"base": ModelSpec("base", base), "candidate": ModelSpec("grpo", base, adapter)}
+    result = run_evaluate(config, split.holdout_path, models, folder)
+    return result.table_path.read_text(), sum(FROM_CACHE in r.getMessage() for r in caplog.records)
+
+
+def _with(config: PipelineConfig, **evaluation) -> PipelineConfig:
+    return config.model_copy(update={"evaluation": config.evaluation.model_copy(update=evaluation)})
+
+
+def test_a_second_evaluation_reads_the_cache_and_gives_the_same_table(
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="tasks.evaluation.cache")
+    # A seed no other test uses: entries other tests wrote in this session do not count.
+    config = _with(tiny_config, forgetting=False).model_copy(update={"seed": 1234})
+    entries = set((cache_dir() / "evaluation").glob("*.json"))
+    first, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "a", caplog)
+    assert hits == 0 and len(set((cache_dir() / "evaluation").glob("*.json")) - entries) == 2
+    second, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "b", caplog)
+    assert hits == 2 and second == first  # bit-identical table, tokens per second included
+
+    uncached, hits = _evaluation(_with(config, cache=False), tiny_split, tiny_model_dir, tiny_adapter,
+                                 tmp_path / "c", caplog)  # fmt: skip
+    assert hits == 0 and _scores(uncached) == _scores(first)  # what was cached is what sampling gives
+    assert len(set((cache_dir() / "evaluation").glob("*.json")) - entries) == 2  # cache off: nothing written
+    _, hits = _evaluation(config.model_copy(update={"seed": 4321}), tiny_split, tiny_model_dir,
+                                   tiny_adapter, tmp_path / "d", caplog)  # fmt: skip
+    assert hits == 0
+
+
+def _scores(table: str) -> dict:
+    """The table without the one figure that measures time."""
+    import json
+
+    models = json.loads(table)["models"]
+    return {name: {k: v for k, v in s.items() if k != "tokens_per_second"} for name, s in models.items()}
+
+
+def test_the_model_key_follows_the_adapter_bytes_not_its_folder(tiny_model_dir, tiny_adapter, tmp_path) -> None:
+    import shutil
+
+    copy = Path(shutil.copytree(tiny_adapter, tmp_path / "elsewhere"))
+    assert model_content_key(tiny_model_dir, copy) == model_content_key(tiny_model_dir, tiny_adapter)
+    weights = copy / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_content_key(tiny_model_dir, copy) != model_content_key(tiny_model_dir, tiny_adapter)
+    assert model_content_key(tiny_model_dir, None) != model_content_key(tiny_model_dir, tiny_adapter)
