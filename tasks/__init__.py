@@ -36,6 +36,9 @@ RUNTIME_DEFAULTS = {
     # A console people can read: no artifact download bars, and no Prefect warning about log lines written
     # outside a flow run (a command such as `generate` runs none; the lines still reach the console).
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # ... nor transformers' "Loading weights" / "Writing model shards" bars (each model load drew one; the training
+    # bar is tqdm's own and stays).
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
