@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from flows.cli.common import LibraryChatterFilter, app, notes, setup_logging
+from flows.cli.common import CONSOLE_ENV, LibraryChatterFilter, app, notes, setup_logging
 
 WHAT_TO_DO = {
     2: "fix the input named above and run again",
@@ -15,7 +15,6 @@ WHAT_TO_DO = {
 }
 
 
-CONSOLE_ENV = "GRPOFLOW_CONSOLE"
 CONSOLE_FLAGS = {"--quiet": "quiet", "--verbose": "verbose"}
 # What the console shows (the log file, MLflow and the Prefect UI get the same records whatever it is): quiet,
 # warnings, errors and the command's result; normal, a line per stage and one progress bar; verbose, every record.

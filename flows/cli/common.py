@@ -96,6 +96,8 @@ def registry_client(config: Path | None, set_: list[str] | None, tracking_uri: s
     return client_for(existing_store_uri(config_from(None, set_, config), tracking_uri))
 
 
+# The console mode a command runs in (quiet, normal, verbose), for this process and the ranks it starts.
+CONSOLE_ENV = "GRPOFLOW_CONSOLE"
 # Libraries whose info lines a user cannot act on; the console shows their warnings and errors only.
 NOISY_LOGGERS = ("httpx", "alembic", "mlflow.store", "great_expectations")
 
@@ -113,7 +115,7 @@ def setup_logging() -> None:
     warnings and errors only; verbose adds grpoflow's debug lines and the libraries' own info lines."""
     import os
 
-    mode = os.environ.get("GRPOFLOW_CONSOLE", "normal")
+    mode = os.environ.get(CONSOLE_ENV, "normal")
     level = {"quiet": logging.WARNING, "verbose": logging.DEBUG}.get(mode, logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if mode == "verbose":
