@@ -39,6 +39,8 @@ RUNTIME_DEFAULTS = {
     # ... nor transformers' "Loading weights" / "Writing model shards" bars (each model load drew one; the training
     # bar is tqdm's own and stays).
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    # ... nor datasets' map bars ("Building labels", "Truncating train dataset", each SFT/GRPO start drew three).
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():

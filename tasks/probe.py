@@ -19,7 +19,15 @@ from tasks.errors import GateStop
 from tasks.evaluation import score_groups
 from tasks.inputs import read_jsonl, render_prompt, write_jsonl
 from tasks.models import GenerationStats, policy_sampler
-from tasks.tracking import Tracker, emit_pipeline_event, prefect_task, publish_markdown, publish_table, tracked_stage
+from tasks.tracking import (
+    Tracker,
+    emit_pipeline_event,
+    prefect_task,
+    prompt_bar,
+    publish_markdown,
+    publish_table,
+    tracked_stage,
+)
 from tasks.training import LEDGER_DIR, sample_rows, write_part
 
 logger = logging.getLogger(__name__)
@@ -172,15 +180,16 @@ def run_probe(
     sampler = policy_sampler(config, base_model_dir, adapter_dir, config.probe.batch_size)
     tokenizer = sampler.tokenizer
     stats = GenerationStats()
-    completions = sampler.sample(
-        [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows],
-        n=config.grpo.num_generations,
-        temperature=config.grpo.temperature,
-        max_new_tokens=config.grpo.max_completion_length,
-        seed=config.seed,
-        stats=stats,
-        progress=lambda done, total: logger.info("probe %s: %d/%d prompts sampled", label, done, total),
-    )
+    with prompt_bar(len(rows), f"probe {label}") as progress:
+        completions = sampler.sample(
+            [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows],
+            n=config.grpo.num_generations,
+            temperature=config.grpo.temperature,
+            max_new_tokens=config.grpo.max_completion_length,
+            seed=config.seed,
+            stats=stats,
+            progress=progress,
+        )
     logger.info("probe %s sampled with %s", label, sampler.backend)
     scores = score_groups(config, rows, completions)
     ledger = sample_rows(f"probe_{label}", rows, completions, scores["per_function"], scores["total"], sampler.backend)

@@ -99,15 +99,20 @@ def registry_client(config: Path | None, set_: list[str] | None, tracking_uri: s
 # The console mode a command runs in (quiet, normal, verbose), for this process and the ranks it starts.
 CONSOLE_ENV = "GRPOFLOW_CONSOLE"
 # Libraries whose info lines a user cannot act on; the console shows their warnings and errors only.
-NOISY_LOGGERS = ("httpx", "alembic", "mlflow.store", "great_expectations")
+NOISY_LOGGERS = ("httpx", "alembic", "mlflow.store", "mlflow.pyfunc", "mlflow.models", "great_expectations")
 
 
 class LibraryChatterFilter(logging.Filter):
-    """Drop the info lines of ``NOISY_LOGGERS`` and their children from a console handler. A level on the logger
-    is not enough: Great Expectations sets its docs-site logger to INFO when that module is imported."""
+    """Drop the info lines of ``NOISY_LOGGERS`` and their children from a console handler, and the lines that
+    repeat the progress bar (``SHOWN_ON_THE_BAR``). A level on the logger is not enough: Great Expectations sets
+    its docs-site logger to INFO when that module is imported."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or not record.name.startswith(NOISY_LOGGERS)
+        from tasks.tracking.progress import SHOWN_ON_THE_BAR
+
+        if record.levelno >= logging.WARNING:
+            return True
+        return not record.name.startswith(NOISY_LOGGERS) and not getattr(record, SHOWN_ON_THE_BAR, False)
 
 
 def setup_logging() -> None:

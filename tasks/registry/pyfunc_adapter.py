@@ -10,15 +10,11 @@ Needs grpoflow installed where it is loaded (``--env-manager local``).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import mlflow
+import pandas as pd
 from mlflow.pyfunc import PythonModel
-
-# MLflow checks predict's type hint when the class below is defined (so on every save and load) and asks for one;
-# a hint would replace the explicit signature and its params (max_new_tokens, temperature), so there is none.
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*", category=UserWarning)
 
 
 class GrpoflowAdapterModel(PythonModel):
@@ -36,8 +32,10 @@ class GrpoflowAdapterModel(PythonModel):
         self.tokenizer = load_tokenizer(base_dir)
         self.model = load_policy(base_dir, context.artifacts["adapter"])
 
-    # model_input carries no type hint (see the filter above); prompts come as a list or a DataFrame.
-    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> list[str]:  # noqa: ANN001
+    # The hint is a DataFrame, what MLflow hands over under the explicit string signature: MLflow infers no schema
+    # from it, so the signature and its params (max_new_tokens, temperature) stay, and it asks for no other hint
+    # (its "Add type hints" warning on every save and load). A list of prompts is taken too.
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> list[str]:
         from tasks.inputs import render_prompt
         from tasks.models import generate_completions
 

@@ -21,6 +21,8 @@ _EXPORTS = {
     "file_lock": "locks",
     "local_store_path": "locks",
     "lock_file_for": "locks",
+    "bar_safe_console": "progress",
+    "prompt_bar": "progress",
     "publish_markdown": "reporting",
     "publish_table": "reporting",
     "tracked_stage": "reporting",

@@ -19,6 +19,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from tasks.config import PipelineConfig
 from tasks.models import resolve_dtype
+from tasks.tracking.progress import SHOWN_ON_THE_BAR
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class MlflowTrainerCallback(TrainerCallback):
         shown = [f"{key} {numbers[key]:.4g}" for key in PROGRESS_KEYS if isinstance(numbers.get(key), int | float)]
         if shown:  # the run log (Prefect UI) shows training as it goes
             total = getattr(state, "max_steps", 0)  # a replayed history's state carries the step only
-            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, total, ", ".join(shown))
+            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, total, ", ".join(shown),
+                        extra={SHOWN_ON_THE_BAR: True})  # fmt: skip
 
 
 # What a person watching the run log wants of each logged step (the rest is in MLflow).
@@ -215,6 +217,7 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
     import shutil
 
     from tasks.layout import publish_dir
+    from tasks.tracking import bar_safe_console
 
     # One readable bar (PrinterCallback: no bar, kept); none under `grpoflow --quiet`.
     if trainer.pop_callback(ProgressCallback) is not None and os.environ.get("GRPOFLOW_CONSOLE") != "quiet":
@@ -230,7 +233,8 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
                 shutil.copy2(resume_from / name, staging / name)
         steps = checkpoint_step(resume_from)
     else:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        with bar_safe_console():  # log lines above the training bar, not through it
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         trainer.save_model(str(staging))  # every rank calls it (ZeRO-3 gathers the weights); rank 0 writes
         steps = trainer.state.global_step
     if writes:

@@ -3,6 +3,7 @@ GRPO continues from its checkpoint, earlier stages are not recomputed, one regis
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,9 +59,21 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
     assert second.returncode == 0, output
     assert "resuming resume-1" in output
     # A console people can read: no raw metric dicts, foreign progress bars or warnings nobody can act on.
-    for noise in ("{'loss'", "Calculating Metrics", "Timeout is disabled", "Downloading artifacts",
-                  "without a flow run id", "clean_up_tokenization_spaces", "Type hint used in the model's predict"):
+    for noise in (
+        "{'loss'",
+        "Calculating Metrics",
+        "Timeout is disabled",
+        "Downloading artifacts",
+        "without a flow run id",
+        "clean_up_tokenization_spaces",
+        "Type hint used in the model's predict",
+        "Add type hints to the `predict`",
+        "examples/s",  # datasets' map bars
+    ):
         assert noise not in output, (noise, output[-3000:])  # fmt: skip
+    # Log lines during training are written above the training bar, never on its line.
+    assert re.search(r"\] *\d\d:\d\d:\d\d\.\d{3} \|", output) is None, output[-3000:]
+    assert "grpo step 5/12" not in output  # the bar shows each step's loss and reward; the Prefect log keeps the line
     from tasks.training import read_ledger
 
     # The rollout ledger after a SIGKILL between checkpoints and a resume: every step's samples, each once.
