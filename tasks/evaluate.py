@@ -29,6 +29,7 @@ from tasks.evaluation import (
     forgetting_metrics,
     general_ability,
     general_questions_trained_on,
+    model_content_key,
     paired_difference,
     pass_at_k,
     pass_at_k_curve,
@@ -38,7 +39,7 @@ from tasks.evaluation import (
 from tasks.inputs import prompt_text, read_jsonl, render_prompt
 from tasks.models import GenerationStats, load_policy, policy_sampler
 from tasks.speedups import speedups_on
-from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage
+from tasks.tracking import Tracker, prefect_task, prompt_bar, publish_table, tracked_stage
 from tasks.training import LEDGER_DIR, sample_rows, write_part
 
 logger = logging.getLogger(__name__)
@@ -157,10 +158,8 @@ def score_model(
     stats = GenerationStats()
     logger.info("evaluate %s: sampling with %s", spec.name, sampler.backend)
 
-    def progress(done: int, total: int) -> None:
-        logger.info("evaluate %s: %d/%d prompts", spec.name, done, total)
-
-    greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, progress)
+    with prompt_bar(len(prompts), f"evaluate {spec.name}") as progress:
+        greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, progress)
     greedy_scores, sampled_scores = score_groups(config, rows, greedy), score_groups(config, rows, sampled)
     greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
     if ledger_dir is not None:
@@ -171,11 +170,14 @@ def score_model(
     counts = sample_correct.sum(axis=1).astype(int)
     general = None
     if settings.forgetting:
-        # The base model and registered versions are cached by fingerprint; a fresh adapter is always scored.
+        # The base model and registered versions are cached by fingerprint; a fresh adapter by its bytes under
+        # evaluation.cache (a same-seed rerun's adapters), else scored again.
         base_key = fingerprint(spec.base_model_dir)
         model_key = base_key if spec.adapter_dir is None else None
         if spec.adapter_dir is not None and spec.registered_version is not None:
             model_key = fingerprint(spec.base_model_dir, spec.adapter_dir)
+        elif spec.adapter_dir is not None and settings.cache:
+            model_key = model_content_key(spec.base_model_dir, spec.adapter_dir)
         # Forgetting scores likelihoods: the transformers model, whichever engine sampled.
         model = getattr(sampler, "model", None) or load_policy(spec.base_model_dir, spec.adapter_dir)
         general = general_ability(

@@ -9,6 +9,7 @@ from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
+    "model_content_key": "cache",
     "sample_for_evaluation": "cache",
     "DEFAULT_CORPUS": "forgetting",
     "DEFAULT_QUESTIONS": "forgetting",

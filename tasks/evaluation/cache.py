@@ -17,7 +17,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-VERSION = "v1"  # bump when the decoding loop changes what a seed draws
+VERSION = "v2"  # bump when the decoding loop changes what a seed draws (v2: greedy and samples in one loop)
 
 
 def model_content_key(base_model_dir: Path, adapter_dir: Path | None) -> str:
@@ -111,10 +111,12 @@ def sample_for_evaluation(
             for name, value in entry["stats"].items():
                 setattr(stats, name, value)
             return entry["greedy"], entry["sampled"]
-    greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
-    sampled = sampler.sample(
-        prompts, n=settings.n_samples, temperature=settings.temperature, seed=config.seed, **common
-    )
+    sampling = {"n": settings.n_samples, "temperature": settings.temperature, "seed": config.seed, **common}
+    if hasattr(sampler, "sample_with_greedy"):  # one prefill and one decoding loop for both
+        greedy, sampled = sampler.sample_with_greedy(prompts, **sampling)
+    else:
+        greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
+        sampled = sampler.sample(prompts, **sampling)
     if key is not None:
         save_completions(key, greedy, sampled, {"sequences": stats.sequences, "new_tokens": stats.new_tokens,
                                                  "seconds": stats.seconds})  # fmt: skip

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from tasks.models.decoding import decodable, next_tokens, until_eos
 from tasks.models.precision import compute_autocast
 from tasks.speedups.packing import packed_for_inference
 
@@ -79,16 +80,26 @@ def generate_completions(
     stats: GenerationStats | None = None,
     precision: str = "fp32",
     stock: bool = False,
+    greedy_first: bool = False,
 ) -> list[list[str]]:
     """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
 
     ``batch_size`` counts sequences (prompts × n); ``greedy`` ignores ``temperature`` and ``n`` > 1 repeats.
     ``stock`` (``speedups: off``): transformers' own ``generate``, no packed layers, no shared prefill.
+    ``greedy_first``: each prompt's greedy completion first, then its ``n`` samples, decoded together from one
+    prefill (evaluation's two passes in one); the samples are drawn as without it (same batches, same seeds).
     """
     if not prompts:
         return []
+    if greedy_first and (greedy or stock):  # transformers' generate decodes one way per call: two passes
+        common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "progress": progress,
+                  "stats": stats, "precision": precision, "stock": stock}  # fmt: skip
+        first = generate_completions(model, tokenizer, prompts, greedy=True, **common)
+        rest = [] if greedy else generate_completions(model, tokenizer, prompts, n=n, temperature=temperature, **common)
+        return [g + r for g, r in zip(first, rest or [[] for _ in prompts], strict=True)]
     started = time.perf_counter()
     samples = 1 if greedy else n
+    rows_per_prompt = samples + greedy_first
     encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
     prompts_per_batch = max(1, batch_size // samples)
@@ -110,12 +121,17 @@ def generate_completions(
                 indices = order[start : start + prompts_per_batch]
                 torch.manual_seed(seed + batch_number)
                 with torch.inference_mode(), compute_autocast(precision):
-                    sample = _sample_with_generate if stock else _sample_with_shared_prefill
-                    generated = sample(model, [encoded[i] for i in indices], samples, pad_id, generation_config)
+                    ids = [encoded[i] for i in indices]
+                    if stock:
+                        generated = _sample_with_generate(model, ids, samples, pad_id, generation_config)
+                    else:
+                        generated = _sample_with_shared_prefill(
+                            model, ids, samples, pad_id, generation_config, greedy_first
+                        )
                 new_tokens += int((generated != pad_id).sum())
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for offset, index in enumerate(indices):
-                    results[index] = texts[offset * samples : (offset + 1) * samples]
+                    results[index] = texts[offset * rows_per_prompt : (offset + 1) * rows_per_prompt]
                 done = min(start + prompts_per_batch, len(order))
                 logger.debug("generated %d/%d prompts", done, len(order))
                 if progress:
@@ -123,7 +139,7 @@ def generate_completions(
     finally:
         model.train(was_training)
     if stats is not None:
-        stats.sequences += len(prompts) * samples
+        stats.sequences += len(prompts) * rows_per_prompt
         stats.new_tokens += new_tokens
         stats.seconds += time.perf_counter() - started
     return results
@@ -155,84 +171,8 @@ def sample_groups(
                 model, [groups[i][0] for i in indices], samples, pad_id, generation_config
             ).tolist()
             for k, i in enumerate(indices):
-                results[i] = [_until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
+                results[i] = [until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
     return [tokens for i in range(len(groups)) for tokens in results[i]]
-
-
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """``tokens`` up to and including the first EOS.
-
-    >>> _until_eos([5, 6, 2, 2, 2], {2})
-    [5, 6, 2]
-    """
-    return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
-
-
-# Generation settings ``_decode`` implements; anything else set goes to ``generate``.
-_DECODE_SETTINGS = {
-    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "pad_token_id", "bos_token_id",
-    "eos_token_id", "cache_implementation", "disable_compile", "use_cache", "transformers_version",
-    "repetition_penalty",
-}  # fmt: skip
-
-
-def decodable(generation_config: Any) -> bool:
-    """Whether ``_decode`` implements every setting of ``generation_config`` (else ``generate`` runs).
-
-    >>> from transformers import GenerationConfig
-    >>> decodable(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9))
-    True
-    >>> decodable(GenerationConfig(max_new_tokens=8, repetition_penalty=1.2))
-    False
-    """
-    settings = generation_config.to_diff_dict()
-    return (
-        set(settings) <= _DECODE_SETTINGS
-        and settings.get("max_new_tokens") is not None
-        and settings.get("repetition_penalty", 1.0) in (None, 1.0)
-    )
-
-
-def next_tokens(
-    logits: torch.Tensor,
-    *,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-) -> torch.Tensor:
-    """One token per row of ``logits`` (rows × vocabulary): the argmax, or a draw from the tempered, filtered
-    distribution.
-
-    >>> next_tokens(torch.tensor([[0.0, 3.0, 1.0]]), greedy=True).tolist()
-    [1]
-    >>> next_tokens(torch.tensor([[0.0, 9.0, 8.0]]), top_k=1).tolist()
-    [1]
-    """
-    if greedy:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k:
-        threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < threshold, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        ordered, order = logits.sort(dim=-1, descending=True)
-        sorted_probabilities = ordered.softmax(dim=-1)
-        mass_before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
-        drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probabilities = logits.softmax(dim=-1)
-    if min_p:
-        probabilities = probabilities.masked_fill(
-            probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
-        )
-    # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
-    cumulative = probabilities.double().cumsum(dim=-1)
-    uniform = torch.rand(cumulative.size(0), 1, dtype=cumulative.dtype, device=cumulative.device)
-    tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token
-    return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
 
 
 def _left_padded(id_lists: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,14 +201,20 @@ def _sample_with_generate(
 
 
 def _sample_with_shared_prefill(
-    model: Any, id_lists: Sequence[Sequence[int]], samples: int, pad_id: int, generation_config: Any
+    model: Any,
+    id_lists: Sequence[Sequence[int]],
+    samples: int,
+    pad_id: int,
+    generation_config: Any,
+    greedy_first: bool = False,
 ) -> torch.Tensor:
     """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
-    prompt). Returns the completion tokens (rows × new tokens), ``pad_id`` after a row's EOS."""
+    prompt; with ``greedy_first``, each group starts with its greedy row). Returns the completion tokens (rows ×
+    new tokens), ``pad_id`` after a row's EOS."""
     input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
     width = input_ids.size(1)
-    if decodable(generation_config):
-        return _decode(model, input_ids, attention, samples, pad_id, generation_config)
+    if greedy_first or decodable(generation_config):
+        return _decode(model, input_ids, attention, samples, pad_id, generation_config, greedy_first)
     cache, _ = shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
@@ -280,11 +226,18 @@ def _sample_with_shared_prefill(
 
 
 def _decode(
-    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, pad_id: int, config: Any
+    model: Any,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    samples: int,
+    pad_id: int,
+    config: Any,
+    greedy_first: bool = False,
 ) -> torch.Tensor:
-    """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows, then
-    decode one token per step until every row has hit EOS or ``max_new_tokens``. Positions count real tokens,
-    as ``generate`` counts them under left padding."""
+    """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows (one
+    more, decoded greedily, first in each group with ``greedy_first``), then decode one token per step until
+    every row has hit EOS or ``max_new_tokens``. Positions count real tokens, as ``generate`` counts them under
+    left padding. Only the sampled rows draw random numbers, so they draw what they would alone."""
     eos = torch.tensor(sorted(_as_list(config.eos_token_id)), device=input_ids.device)
     choose = {
         "greedy": not config.do_sample,
@@ -293,13 +246,20 @@ def _decode(
         "top_p": config.top_p,
         "min_p": config.min_p,
     }
-    cache, logits = shared_prefill(model, input_ids, attention, samples)
-    attention = attention.repeat_interleave(samples, dim=0)
+    rows_per_prompt = samples + greedy_first
+    cache, logits = shared_prefill(model, input_ids, attention, rows_per_prompt)
+    attention = attention.repeat_interleave(rows_per_prompt, dim=0)
     positions = attention.sum(dim=-1, keepdim=True)
     done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
+    greedy_rows = torch.arange(attention.size(0), device=attention.device) % rows_per_prompt == 0
     steps: list[torch.Tensor] = []
     for _ in range(config.max_new_tokens):
-        token = next_tokens(logits, **choose).masked_fill(done, pad_id)
+        if greedy_first:
+            token = logits.argmax(dim=-1)
+            token[~greedy_rows] = next_tokens(logits[~greedy_rows], **choose)
+        else:
+            token = next_tokens(logits, **choose)
+        token = token.masked_fill(done, pad_id)
         steps.append(token)
         done |= torch.isin(token, eos)
         if bool(done.all()) or len(steps) == config.max_new_tokens:

@@ -57,6 +57,12 @@ class TransformersSampler:
             stock=self.stock, **settings,
         )  # fmt: skip
 
+    def sample_with_greedy(self, prompts: Sequence[str], **settings: Any) -> tuple[list[list[str]], list[list[str]]]:
+        """Each prompt's greedy completion and its ``n`` samples, decoded together from one prefill (what
+        evaluation asks for); the samples are those ``sample`` draws with the same settings."""
+        both = self.sample(prompts, greedy_first=True, **settings)
+        return [each[:1] for each in both], [each[1:] for each in both]
+
 
 def resolve_backend(backend: str, mode: str = "colocate", cuda: bool | None = None, vllm: bool | None = None) -> str:
     """The generation backend a pipeline runs: ``auto`` is vLLM where CUDA and vLLM are both here (on a CPU

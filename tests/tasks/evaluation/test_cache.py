@@ -64,3 +64,21 @@ def test_the_model_key_follows_the_adapter_bytes_not_its_folder(tiny_model_dir, 
     weights.write_bytes(bytes(data))
     assert model_content_key(tiny_model_dir, copy) != model_content_key(tiny_model_dir, tiny_adapter)
     assert model_content_key(tiny_model_dir, None) != model_content_key(tiny_model_dir, tiny_adapter)
+
+
+def test_a_fresh_adapter_s_forgetting_scores_are_kept_by_its_bytes(
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, caplog
+) -> None:
+    """A fresh (unregistered) adapter's general-ability scores are cached under its content key when the
+    evaluation cache is on, so a rerun with the same adapter scores nothing again; the table stays the same."""
+    config = _with(tiny_config, forgetting=True).model_copy(update={"seed": 2345})
+    folder = cache_dir() / "general-ability"
+    key = model_content_key(tiny_model_dir, tiny_adapter)
+    for entry in folder.glob(f"{key}-*"):
+        entry.unlink()
+    _evaluation(_with(config, cache=False), tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "off", caplog)
+    assert not list(folder.glob(f"{key}-*.json"))  # cache off: a fresh adapter is scored, not kept
+    first, _ = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "a", caplog)
+    assert len(list(folder.glob(f"{key}-*.json"))) == 1
+    second, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "b", caplog)
+    assert hits == 2 and second == first

@@ -93,3 +93,23 @@ def test_stock_generation_gives_the_same_greedy_answers(tiny_model, tiny_model_d
     assert stock == ours and all(len(texts) == 1 for texts in stock)
     sampled = generate_completions(tiny_model, tokenizer, prompts, n=3, max_new_tokens=8, stock=True, batch_size=9)
     assert [len(texts) for texts in sampled] == [3, 3, 3] and len({t for texts in sampled for t in texts}) > 3
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_greedy_first_decodes_both_passes_at_once_with_the_same_answers(tiny_model, tiny_model_dir, stock) -> None:  # noqa: ANN001
+    """Evaluation's greedy answer and samples from one prefill and one loop: the greedy texts are the greedy
+    pass's, and the samples are the sampled pass's (same batches, same seeds, only sampled rows draw)."""
+    from tasks.models import GenerationStats, generate_completions, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompts = ["12+30=", "what is 7 + 8?", "a", "41+1=", "9+9=", "the end"]
+    common = {"max_new_tokens": 8, "batch_size": 6, "seed": 3, "stock": stock}
+    greedy = generate_completions(tiny_model, tokenizer, prompts, greedy=True, **common)
+    sampled = generate_completions(tiny_model, tokenizer, prompts, n=3, temperature=0.9, **common)
+    stats = GenerationStats()
+    both = generate_completions(tiny_model, tokenizer, prompts, n=3, temperature=0.9, greedy_first=True,
+                                stats=stats, **common)  # fmt: skip
+    assert [each[:1] for each in both] == greedy
+    assert [each[1:] for each in both] == sampled
+    assert len({t for texts in sampled for t in texts}) > 6  # the samples do differ (not all greedy)
+    assert stats.sequences == len(prompts) * 4

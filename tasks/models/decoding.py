@@ -1,0 +1,86 @@
+"""How the next token is chosen, and which generation settings grpoflow's decoding loop implements
+(``tasks.models.generation._decode``); anything else goes to transformers' ``generate``.
+Must not import: Prefect, MLflow, the stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """``tokens`` up to and including the first EOS.
+
+    >>> until_eos([5, 6, 2, 2, 2], {2})
+    [5, 6, 2]
+    """
+    return next((tokens[: i + 1] for i, token in enumerate(tokens) if token in eos), tokens)
+
+
+# Generation settings ``_decode`` implements; anything else set goes to ``generate``.
+_DECODE_SETTINGS = {
+    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "pad_token_id", "bos_token_id",
+    "eos_token_id", "cache_implementation", "disable_compile", "use_cache", "transformers_version",
+    "repetition_penalty",
+}  # fmt: skip
+
+
+def decodable(generation_config: Any) -> bool:
+    """Whether ``_decode`` implements every setting of ``generation_config`` (else ``generate`` runs).
+
+    >>> from transformers import GenerationConfig
+    >>> decodable(GenerationConfig(max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9))
+    True
+    >>> decodable(GenerationConfig(max_new_tokens=8, repetition_penalty=1.2))
+    False
+    """
+    settings = generation_config.to_diff_dict()
+    return (
+        set(settings) <= _DECODE_SETTINGS
+        and settings.get("max_new_tokens") is not None
+        and settings.get("repetition_penalty", 1.0) in (None, 1.0)
+    )
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    *,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+) -> torch.Tensor:
+    """One token per row of ``logits`` (rows × vocabulary): the argmax, or a draw from the tempered, filtered
+    distribution.
+
+    >>> next_tokens(torch.tensor([[0.0, 3.0, 1.0]]), greedy=True).tolist()
+    [1]
+    >>> next_tokens(torch.tensor([[0.0, 9.0, 8.0]]), top_k=1).tolist()
+    [1]
+    """
+    if greedy:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k:
+        threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered, order = logits.sort(dim=-1, descending=True)
+        sorted_probabilities = ordered.softmax(dim=-1)
+        mass_before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
+        drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probabilities = logits.softmax(dim=-1)
+    if min_p:
+        probabilities = probabilities.masked_fill(
+            probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
+        )
+    # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
+    cumulative = probabilities.double().cumsum(dim=-1)
+    uniform = torch.rand(cumulative.size(0), 1, dtype=cumulative.dtype, device=cumulative.device)
+    tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token
+    return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
