@@ -28,6 +28,10 @@ def client_for(tracking_uri: str) -> Any:
     if local_store_path(tracking_uri) is None:
         return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     with store_initialisation(tracking_uri):
+        if tracking_uri.startswith("sqlite:"):
+            from tasks.speedups.store_template import seed_new_store
+
+            seed_new_store(local_store_path(tracking_uri))  # a new store without MLflow's migrations, or nothing
         client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         client.search_experiments(max_results=1)  # opens (and if new, creates) the tracking tables
         client.search_registered_models(max_results=1)  # and the registry's

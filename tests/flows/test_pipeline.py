@@ -146,7 +146,7 @@ def test_humaneval_config_stops_smollm2_at_the_base_probe(tmp_path: Path) -> Non
             "output_dir": str(tmp_path / "outputs"),
             "probe.num_prompts": 4,
             "grpo.num_generations": 4,
-            "grpo.max_completion_length": 128,
+            "grpo.max_completion_length": 64,  # cut programs fail their tests too: judged all the same
         },
     )
     with pytest.raises(NoLearningSignal, match="differ in correctness"):
