@@ -5,7 +5,6 @@ Must not import: Prefect, the stages."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from tasks.config import PipelineConfig
 from tasks.models import resolve_dtype
-from tasks.tracking.progress import SHOWN_ON_THE_BAR
+from tasks.tracking.progress import SHOWN_ON_THE_BAR, console_is_quiet
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +219,7 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
     from tasks.tracking import bar_safe_console
 
     # One readable bar (PrinterCallback: no bar, kept); none under `grpoflow --quiet`.
-    if trainer.pop_callback(ProgressCallback) is not None and os.environ.get("GRPOFLOW_CONSOLE") != "quiet":
+    if trainer.pop_callback(ProgressCallback) is not None and not console_is_quiet():
         trainer.add_callback(StepProgress())
     staging = adapter_dir.with_name(f".{adapter_dir.name}.staging")
     writes = trainer.is_world_process_zero()  # on N processes, rank 0 alone writes the adapter
