@@ -66,9 +66,11 @@ def _wait_for(services: Services, flow_run_id: str, timeout: float, states: tupl
     raise AssertionError(f"flow run {flow_run_id} not in {states} after {timeout} s: {run['state_type']}")
 
 
-@pytest.fixture
-def stack(tmp_path: Path):
-    """Servers, deployments and one process worker, all stopped at the end."""
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """Servers, deployments and one process worker, started once for this module's tests (each keeps to its own
+    output folder and MLflow experiment) and all stopped at the end."""
+    tmp_path = tmp_path_factory.mktemp("stack")
     services = start_services(tmp_path / "services", free_port(), free_port())
     env = {
         **os.environ,
@@ -215,15 +217,22 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
 def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
     services, env, _, tmp_path = stack
     overrides = {
-        "output_dir": str(tmp_path / "outputs"),
+        "output_dir": str(tmp_path / "cancelled"),
         "tracking.tracking_uri": services.mlflow_url,
+        "tracking.experiment_name": "grpoflow-cancelled",  # the servers are shared: this test's runs alone
         "grpo.max_steps": 2000,  # long enough to be cancelled mid-training
         "sft.max_steps": 2000,
     }
     parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides, "skip_unchanged": False}
     flow_run_id = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
     _wait_for(services, flow_run_id, 300, ("RUNNING",))
-    search = {"experiment_ids": ["1"], "filter": "attributes.run_name = 'sft' and attributes.status = 'RUNNING'"}
+    for _ in range(180):  # the run creates its experiment when it starts
+        found = _post(f"{services.mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100})
+        ids = [e["experiment_id"] for e in found.get("experiments", []) if e["name"] == "grpoflow-cancelled"]
+        if ids:
+            break
+        time.sleep(1)
+    search = {"experiment_ids": ids, "filter": "attributes.run_name = 'sft' and attributes.status = 'RUNNING'"}
     for _ in range(180):  # until SFT is training
         if _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", search).get("runs"):
             break
@@ -233,7 +242,7 @@ def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
     # CRASHED ("aborted by a termination signal"); either way the run is stopped, which is what this checks.
     ended = _wait_for(services, flow_run_id, 120, ("CANCELLED", "FAILED", "CRASHED", "COMPLETED"))
     assert ended["state_type"] in ("CANCELLED", "CRASHED")
-    runs = _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", {"experiment_ids": ["1"]})["runs"]
+    runs = _post(f"{services.mlflow_url}/api/2.0/mlflow/runs/search", {"experiment_ids": ids})["runs"]
     assert runs and not [r["info"]["run_name"] for r in runs if r["info"]["status"] == "RUNNING"], [
         (r["info"]["run_name"], r["info"]["status"]) for r in runs
     ]
