@@ -17,13 +17,16 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-VERSION = "v2"  # bump when the decoding loop changes what a seed draws (v2: greedy and samples in one loop)
+# Bump when the decoding loop changes what a seed draws or the key changes (v2: greedy and samples in one loop;
+# v3: an adapter keyed by its model files, not its whole folder).
+VERSION = "v3"
 
 
 def model_content_key(base_model_dir: Path, adapter_dir: Path | None) -> str:
     """A key for a model's content: the base folder's fingerprint (files by size and mtime, as the forgetting
-    check keys it: the converted base is written once) and the adapter's bytes, hashed in full (a retrained
-    adapter with the same bytes is the same model; one with other bytes is not, whatever its folder).
+    check keys it: the converted base is written once) and the adapter's model files (weights in full, the config
+    with its sets sorted): a retrained adapter with the same weights is the same model, whatever its folder, its
+    training_args.bin or its card; one with other weights is not.
 
     >>> import tempfile; folder = Path(tempfile.mkdtemp())
     >>> _ = (folder / "adapter_model.safetensors").write_bytes(b"weights")
@@ -34,12 +37,35 @@ def model_content_key(base_model_dir: Path, adapter_dir: Path | None) -> str:
 
     digest = hashlib.sha256(fingerprint(base_model_dir).encode())
     if adapter_dir is not None:
-        for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file()):
+        for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file() and p.name in _MODEL_FILES):
             digest.update(file.relative_to(adapter_dir).as_posix().encode())
+            if file.name == "adapter_config.json":
+                digest.update(_canonical_adapter_config(file.read_text()).encode())
+                continue
             with file.open("rb") as handle:
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(chunk)
     return digest.hexdigest()[:20]
+
+
+# The files that make an adapter the model it is; the rest of its folder (training_args.bin with the run's paths,
+# the model card, the tokenizer copy) changes from run to run without changing one output.
+_MODEL_FILES = {"adapter_model.safetensors", "adapter_model.bin", "adapter_config.json"}
+# PEFT writes these sets as lists in whatever order the set had: one adapter, several spellings.
+_SET_VALUED = ("target_modules", "modules_to_save", "exclude_modules")
+
+
+def _canonical_adapter_config(text: str) -> str:
+    """An adapter config with its set-valued lists sorted and its keys in order.
+
+    >>> _canonical_adapter_config('{"r": 8, "target_modules": ["v_proj", "k_proj"]}')
+    '{"r": 8, "target_modules": ["k_proj", "v_proj"]}'
+    """
+    config = json.loads(text)
+    for key in _SET_VALUED:
+        if isinstance(config.get(key), list):
+            config[key] = sorted(config[key], key=str)
+    return json.dumps(config, sort_keys=True)
 
 
 def completions_key(model_key: str, prompts: list[str], settings: dict[str, Any]) -> str:

@@ -82,3 +82,19 @@ def test_a_fresh_adapter_s_forgetting_scores_are_kept_by_its_bytes(
     assert len(list(folder.glob(f"{key}-*.json"))) == 1
     second, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "b", caplog)
     assert hits == 2 and second == first
+
+
+def test_a_rerun_s_adapter_keys_the_same_though_its_folder_s_other_files_differ(tiny_model_dir, tiny_adapter, tmp_path):
+    """Two runs of one config write the same weights, but training_args.bin holds each run's paths and PEFT writes
+    target_modules in a set's order: neither changes the model, so neither changes the key; the weights do."""
+    import json
+    import shutil
+
+    copy = Path(shutil.copytree(tiny_adapter, tmp_path / "rerun"))
+    (copy / "training_args.bin").write_bytes(b"another run's paths")
+    config = json.loads((copy / "adapter_config.json").read_text())
+    config["target_modules"] = list(reversed(sorted(config["target_modules"])))
+    (copy / "adapter_config.json").write_text(json.dumps(config))
+    assert model_content_key(tiny_model_dir, copy) == model_content_key(tiny_model_dir, tiny_adapter)
+    (copy / "adapter_model.safetensors").write_bytes(b"other weights")
+    assert model_content_key(tiny_model_dir, copy) != model_content_key(tiny_model_dir, tiny_adapter)
