@@ -42,7 +42,9 @@ from reward_fns.sandbox_isolation import (
     PidsCgroup,
     bwrap_command,
     cgroup_available,
+    claim_uid,
     detect_isolation,
+    release_uid,
     unshare_command,
 )
 
@@ -61,8 +63,6 @@ Status = Literal[
     "invalid_tests",
     "infrastructure",
 ]
-# Dedicated user ids for sandboxed runs, one per parallel slot, far above any account on a normal machine.
-SANDBOX_UID_BASE = 1_800_000_000
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class _Worker:
 
     def __init__(self, sandbox: Sandbox, slot: int) -> None:
         self.slot = slot
-        self.uid = SANDBOX_UID_BASE + slot if os.geteuid() == 0 else None
+        self.uid, self._uid_claim = claim_uid() if os.geteuid() == 0 else (None, None)
         self.cgroup = PidsCgroup.create(sandbox.limits.processes + 8) if sandbox.use_cgroup else None
         self.workdir = None
         reply_read, reply_write = os.pipe()
@@ -189,6 +189,8 @@ class _Worker:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if hasattr(self, "log"):
             self.log.close()
+        if self.uid is not None:  # after its processes are gone: the id is free for another worker
+            release_uid(self.uid, self._uid_claim)
 
 
 class Sandbox:

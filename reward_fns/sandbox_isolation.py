@@ -7,6 +7,7 @@ Must not import: anything outside the standard library (the parent side of the s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,70 @@ _CGROUP_V2 = Path("/sys/fs/cgroup")
 
 class SandboxUnavailable(RuntimeError):
     """Neither bubblewrap nor unshare can create the namespaces here; model code must not run unisolated."""
+
+
+# Dedicated user ids for sandboxed runs, far above any account on a normal machine: one per live sandbox worker on
+# the machine. Root's sandboxes share the host's user namespace, where the per-user process limit counts every
+# process of a user: two workers with one user id (two ranks, two pipelines, two sandboxes in one process) would
+# take a correct program's processes away when the other runs a greedy one. Each worker claims its id by holding
+# a lock file; closing it, or the end of the process, frees the id.
+SANDBOX_UID_BASE = 1_800_000_000
+SANDBOX_UID_COUNT = 4096
+UID_CLAIMS = Path("/tmp/grpoflow-sandbox-uids")  # one folder for every process on the machine, whatever its TMPDIR
+_CLAIMED_HERE: set[int] = set()  # the ids this process's workers hold
+
+
+def _try_lock(folder: Path, uid: int) -> IO[str] | None:
+    handle = (folder / str(uid - SANDBOX_UID_BASE)).open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def claim_uid(folder: Path = UID_CLAIMS) -> tuple[int, IO[str]]:
+    """A sandbox user id that no other live worker on this machine holds, and the open lock file that holds it
+    (``release_uid`` frees it; so does the end of the process).
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (first, held), (second, _) = claim_uid(folder), claim_uid(folder)
+    >>> second - first
+    1
+    >>> release_uid(first, held); claim_uid(folder)[0] == first  # freed, so claimed again
+    True
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for uid in range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + SANDBOX_UID_COUNT):
+        handle = _try_lock(folder, uid)
+        if handle is not None:
+            _CLAIMED_HERE.add(uid)
+            return uid, handle
+    raise SandboxUnavailable(f"all {SANDBOX_UID_COUNT} sandbox user ids are held by live sandboxes on this machine")
+
+
+def release_uid(uid: int, handle: IO[str]) -> None:
+    """Free an id ``claim_uid`` gave (once its worker's processes are gone)."""
+    _CLAIMED_HERE.discard(uid)
+    handle.close()
+
+
+def held_elsewhere(uid: int, folder: Path = UID_CLAIMS) -> bool:
+    """Whether a live sandbox worker of another process holds ``uid`` (its processes are that sandbox's business).
+
+    >>> held_elsewhere(SANDBOX_UID_BASE + SANDBOX_UID_COUNT - 1, Path(__import__("tempfile").mkdtemp()))
+    False
+    """
+    if uid in _CLAIMED_HERE or not SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + SANDBOX_UID_COUNT:
+        return False
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handle = _try_lock(folder, uid)
+    if handle is None:
+        return True
+    handle.close()
+    return False
 
 
 def _works(command: list[str]) -> bool:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from reward_fns.code import code_tests
-from reward_fns.sandbox import SANDBOX_UID_BASE, Sandbox, SandboxJob, SandboxLimits
-from reward_fns.sandbox_isolation import HARNESS, detect_isolation
+from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits
+from reward_fns.sandbox_isolation import HARNESS, SANDBOX_UID_BASE, detect_isolation, held_elsewhere
 
 LIMITS = SandboxLimits(
     cpu_seconds=2, wall_seconds=4.0, memory_mb=256, processes=8, file_size_mb=4, workdir_mb=16, output_bytes=4096
@@ -32,15 +33,17 @@ def sandbox() -> Sandbox:
 
 
 def sandbox_processes() -> list[int]:
-    """Host PIDs owned by any sandbox user id (there must be none once runs are over)."""
+    """Host PIDs owned by a sandbox user id (there must be none once runs are over), but for the ids another
+    process's live sandbox holds (a parallel test run's other worker)."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.stat(f"/proc/{name}").st_uid >= SANDBOX_UID_BASE:
-                    found.append(int(name))
+                uid = os.stat(f"/proc/{name}").st_uid
             except OSError:
-                pass
+                continue
+            if uid >= SANDBOX_UID_BASE and not held_elsewhere(uid):
+                found.append(int(name))
     return found
 
 
@@ -300,3 +303,27 @@ def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(sandbox: Sandbo
     assert [p["task_id"] for p, r in zip(problems, canonical, strict=True) if not r.passed] == []
     assert [p["task_id"] for p, r in zip(problems, broken, strict=True) if r.passed] == []
     assert all(r.status == "failed" for r in broken)
+
+
+def test_sandboxes_side_by_side_do_not_share_a_process_budget() -> None:
+    """Two sandboxes at once (two ranks, two pipelines, evaluation beside training): one program that keeps most of
+    its allowed processes must not leave a correct program in the other without processes to start. Root's
+    sandboxes share the host's user namespace, so each worker needs a user id of its own."""
+    hog = "import os, time\ndef answer():\n    for _ in range(6):\n        if os.fork() == 0:\n" \
+          "            time.sleep(3)\n            os._exit(0)\n    time.sleep(3)\n    return 42"  # fmt: skip
+    ordinary = "import os\ndef answer():\n    pids = [os.fork() for _ in range(3)]\n    if 0 in pids:\n" \
+               "        os._exit(0)\n    for pid in pids:\n        os.waitpid(pid, 0)\n    return 42"  # fmt: skip
+    first, second = Sandbox(LIMITS, workers=1), Sandbox(LIMITS, workers=1)
+    try:
+        holding = threading.Thread(target=lambda: results.append(first.run(SandboxJob(hog, TESTS))))
+        results: list = []
+        holding.start()
+        time.sleep(1.0)  # the hog's processes are running
+        beside = second.run(SandboxJob(ordinary, TESTS))
+        holding.join()
+        uids = {worker.uid for box in (first, second) for worker in box._all}
+    finally:
+        first.close(), second.close()
+    assert results[0].passed and beside.passed, (results[0], beside)
+    if os.geteuid() == 0:
+        assert len(uids) == 2
