@@ -98,9 +98,38 @@ def generation_problem(config: PipelineConfig) -> str | None:
     return None
 
 
+def check_tracking_server(tracking_uri: str, timeout_s: float = 5.0) -> None:
+    """Raise ``RegistryError`` (exit 4) when an MLflow server at an http(s) URI does not answer at all: any HTTP
+    reply counts as an answer (a proxy's 401 or 404 included), only a connection that fails or times out does not.
+    Local stores are not touched.
+
+    >>> check_tracking_server("sqlite:///nowhere/mlflow.db")
+    >>> check_tracking_server("http://127.0.0.1:9", timeout_s=1)
+    Traceback (most recent call last):
+    ...
+    tasks.tracking.client.RegistryError: MLflow at http://127.0.0.1:9 is unavailable while checking it before ...
+    """
+    import urllib.error
+    import urllib.request
+
+    from tasks.tracking.client import tracking_error
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        raise tracking_error(tracking_uri, "checking it before the run", OSError(str(reason))) from exc
+
+
 def preflight(config: PipelineConfig) -> None:
     """Raise PreflightError naming every missing input (at most three in the message) before anything starts;
-    a configured vLLM server that does not answer is named too (exit 4)."""
+    a configured vLLM server or MLflow server that does not answer is named too (exit 4)."""
+    check_tracking_server(config.resolved_tracking_uri())
     problems = path_problems(config)
     generation = generation_problem(config)
     if generation:

@@ -37,11 +37,7 @@ def run(
     set_: SetOption = None,
 ) -> None:
     """Run the whole pipeline and print its summary; --resume RUN_ID continues a crashed run."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.pipeline import new_run_id, pipeline
     from tasks.preflight import preflight
-    from tasks.probe import NoLearningSignal
 
     setup_logging()
     cfg = config_from(config, set_, config_option, seed=seed)
@@ -58,6 +54,13 @@ def run(
             return
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
     preflight(cfg)  # missing inputs fail here, before a server, a run or a model is started
+    # The stack (torch, TRL, Prefect, MLflow: ~10 s) is imported once the inputs are known to be there, so a
+    # user's mistake is named in a second or two.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.pipeline import new_run_id, pipeline
+    from tasks.probe import NoLearningSignal
+
     run_name = resume or run_id or new_run_id(cfg)
     api_url, where = _prefect_server()
     store_uri(cfg)
