@@ -9,6 +9,7 @@ missing.
 - ``trl_patches``: TRL's fused LM head scoring only labelled positions during SFT on CPU.
 - ``grpo_trainer``: a GRPOTrainer that encodes each prompt once per group (generation and loss) on CPU.
 - ``store_template``: a new local MLflow store seeded from an empty, migrated copy (no migrations per store).
+- ``gguf_reading``: a GGUF file parsed once per conversion instead of once per transformers loading call.
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line
