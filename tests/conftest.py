@@ -3,12 +3,21 @@ isolated Prefect home, so tests run offline and leave nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpoflow-tests-"))
+# `make test` runs the suite on pytest-xdist workers (a session dir, Prefect home and cache each). Each computes on
+# its share of the cores: torch's OpenMP threads spin while they wait, so two workers of two threads on two cores
+# ran many times slower than one. The tests' own subprocesses (CLI runs, ranks, servers) inherit the setting.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 # Before Prefect, MLflow or transformers are imported anywhere (importing ``tasks`` itself sets the telemetry-off
 # defaults, below these).
 os.environ.update(
@@ -33,6 +42,60 @@ from tasks.config import PipelineConfig, load_config  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 # tests/vllm needs vLLM, which `make test` does not install: `make test-vllm` runs it in its own venv.
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+
+
+@contextlib.contextmanager
+def machine_share(folder: Path, alone: bool) -> Iterator[None]:
+    """A share of the machine among the workers of one parallel run: every test holds the room shared, a test
+    marked ``alone`` holds it alone. A waiting ``alone`` test first takes the turnstile, so no worker starts another
+    test while it waits (flock readers would otherwise starve it). Locks die with their process."""
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "room", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _machine(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``alone`` (one that measures behaviour under a load it makes itself) runs
+    while every other worker waits; elsewhere this does nothing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if _WORKERS <= 1 or not run:
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"grpoflow-tests-{run}"
+    folder.mkdir(exist_ok=True)
+    alone = request.node.get_closest_marker("alone") is not None
+    with machine_share(folder, alone):
+        if not alone:
+            yield
+            return
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or threads)  # the machine is its own: every core
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that want the machine alone first (the other worker waits then, instead of mid-run behind a long
+    test), then long work (grouped tests, the flows), so the workers of a parallel run finish together."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("alone"):
+            return 0
+        return 1 if item.get_closest_marker("xdist_group") or "tests/flows/" in item.nodeid else 2
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

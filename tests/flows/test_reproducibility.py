@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig, load_config
 
@@ -35,6 +37,7 @@ def _run(output: Path, run_id: str) -> tuple[PipelineConfig, dict[str, Any]]:
     return config, pipeline(config, run_id)
 
 
+@pytest.mark.alone  # the load beside it is the burners, nothing else
 def test_the_same_seed_gives_the_same_adapter_beside_a_cpu_burner(tmp_path: Path) -> None:
     config, first = _run(tmp_path / "idle", "repro")
     burners = [

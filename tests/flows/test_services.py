@@ -102,6 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         services.stop()
 
 
+@pytest.mark.xdist_group("services-stack")  # one worker starts the stack for both of its tests
 def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_adapter) -> None:
     services, env, names, tmp_path = stack
     assert {
@@ -214,6 +215,7 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
     assert found["events"][0]["resource"]["prefect.resource.id"] == "grpoflow.model.grpoflow-tiny"
 
 
+@pytest.mark.xdist_group("services-stack")
 def test_cancelling_a_run_from_the_api_leaves_no_mlflow_run_open(stack) -> None:
     services, env, _, tmp_path = stack
     overrides = {

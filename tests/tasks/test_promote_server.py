@@ -19,6 +19,8 @@ from tasks.promote import PromotionCase, run_promote
 from tasks.registry import CHAMPION, RegistryError, alias_version, client_for, fetch_adapter
 from tasks.tracking import start_pipeline
 
+pytestmark = pytest.mark.xdist_group("mlflow-server")  # one worker starts the module's server
+
 
 def _start_server(root: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

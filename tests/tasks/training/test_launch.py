@@ -24,6 +24,7 @@ def _two_processes(tiny_config: PipelineConfig, name: str, **changes) -> Pipelin
     return PipelineConfig.model_validate({**raw, **changes})
 
 
+@pytest.mark.xdist_group("ranks")  # runs of two processes, one after the other on one worker
 def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) -> None:
     config = _two_processes(tiny_config, "tiny-two-processes")
     summary = pipeline(config, "tiny-ddp")
@@ -48,6 +49,7 @@ def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) 
     assert summary["evaluation"]["models"]["grpo"]["n_samples"] == config.evaluation.n_samples
 
 
+@pytest.mark.xdist_group("ranks")
 def test_a_failing_rank_ends_the_group_with_its_error(tiny_config: PipelineConfig, tmp_path: Path) -> None:
     """A reward that cannot judge on rank 1 only: rank 1 stops (the None-share gate), rank 0 would wait for it in
     the next collective forever; the launcher ends it, and the stage raises rank 1's own error, as a gate stop."""
