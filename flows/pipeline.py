@@ -58,7 +58,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
 
     ``skip_unchanged`` (scheduled runs): stop after validation when the config and the validated data are those
     of the last completed run. A run stopped by the probe or rejected by promotion emits a Prefect event."""
-    preflight(config)  # on a deployment's worker too: missing inputs fail before any stage starts
+    preflight(config, tracking=True)  # on a deployment's worker too: missing inputs fail before any stage starts
     layout = RunLayout.of(config.output_dir, run_id)
     layout.prepare(config)
     tracker = start_pipeline(config, layout)

@@ -126,10 +126,12 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 5.0) -> None:
         raise tracking_error(tracking_uri, "checking it before the run", OSError(str(reason))) from exc
 
 
-def preflight(config: PipelineConfig) -> None:
+def preflight(config: PipelineConfig, tracking: bool = False) -> None:
     """Raise PreflightError naming every missing input (at most three in the message) before anything starts;
-    a configured vLLM server or MLflow server that does not answer is named too (exit 4)."""
-    check_tracking_server(config.resolved_tracking_uri())
+    a configured vLLM server that does not answer is named too (exit 4), and with ``tracking`` (a pipeline run,
+    which tracks in the config's store) an MLflow server that does not answer."""
+    if tracking:
+        check_tracking_server(config.resolved_tracking_uri())
     problems = path_problems(config)
     generation = generation_problem(config)
     if generation:

@@ -53,7 +53,7 @@ def run(
             console.print(f"run {resume} already finished: nothing to resume (its summary: {summary_path})")
             return
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
-    preflight(cfg)  # missing inputs fail here, before a server, a run or a model is started
+    preflight(cfg, tracking=True)  # missing inputs fail here, before a server, a run or a model is started
     # The stack (torch, TRL, Prefect, MLflow: ~10 s) is imported once the inputs are known to be there, so a
     # user's mistake is named in a second or two.
     from prefect.settings import PREFECT_API_URL, temporary_settings
