@@ -182,7 +182,9 @@ def start_services(
         ),
         "mlflow": (
             [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port), *store, "--workers", "1"],
-            base_env,
+            # MLflow's server-side job workers (GenAI jobs, which grpoflow does not use): 7 processes and 1.1 GB,
+            # and 2.6 s more to start (11.6 → 9.0 s for both servers); a user's own setting wins.
+            {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **base_env},
             f"{services.mlflow_url}/health",
         ),
     }
