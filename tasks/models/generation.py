@@ -31,6 +31,7 @@ from transformers import DynamicCache, GenerationConfig
 from tasks.models.decoding import decodable, next_tokens, until_eos
 from tasks.models.precision import compute_autocast
 from tasks.speedups.packing import packed_for_inference
+from tasks.speedups.repeated_cache import repeated_kv
 
 logger = logging.getLogger(__name__)
 
@@ -247,32 +248,36 @@ def _decode(
         "min_p": config.min_p,
     }
     rows_per_prompt = samples + greedy_first
-    cache, logits = shared_prefill(model, input_ids, attention, rows_per_prompt)
-    attention = attention.repeat_interleave(rows_per_prompt, dim=0)
-    positions = attention.sum(dim=-1, keepdim=True)
-    done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
-    greedy_rows = torch.arange(attention.size(0), device=attention.device) % rows_per_prompt == 0
-    steps: list[torch.Tensor] = []
-    for _ in range(config.max_new_tokens):
-        if greedy_first:
-            token = logits.argmax(dim=-1)
-            token[~greedy_rows] = next_tokens(logits[~greedy_rows], **choose)
-        else:
-            token = next_tokens(logits, **choose)
-        token = token.masked_fill(done, pad_id)
-        steps.append(token)
-        done |= torch.isin(token, eos)
-        if bool(done.all()) or len(steps) == config.max_new_tokens:
-            break
-        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-        logits = model(
-            input_ids=token[:, None],
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            **with_cache(cache),
-        ).logits[:, -1]
-        positions = positions + 1
+    # Keys and values kept repeated per query head and in autocast's dtype (speedups.repeated_cache): each step
+    # extends them by one token instead of copying the whole cache twice per layer.
+    with repeated_kv(model, input_ids.device.type) as new_cache:
+        cache, logits = shared_prefill(model, input_ids, attention, rows_per_prompt, new_cache and new_cache())
+        attention = attention.repeat_interleave(rows_per_prompt, dim=0)
+        positions = attention.sum(dim=-1, keepdim=True)
+        done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
+        greedy_rows = torch.arange(attention.size(0), device=attention.device) % rows_per_prompt == 0
+        steps: list[torch.Tensor] = []
+        for _ in range(config.max_new_tokens):
+            if greedy_first:  # the argmax of the greedy rows only: the vocabulary is wide
+                token = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
+                token[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
+                token[~greedy_rows] = next_tokens(logits[~greedy_rows], **choose)
+            else:
+                token = next_tokens(logits, **choose)
+            token = token.masked_fill(done, pad_id)
+            steps.append(token)
+            done |= torch.isin(token, eos)
+            if bool(done.all()) or len(steps) == config.max_new_tokens:
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=attention,
+                position_ids=positions,
+                use_cache=True,
+                **with_cache(cache),
+            ).logits[:, -1]
+            positions = positions + 1
     return torch.stack(steps, dim=1)
 
 
@@ -281,14 +286,15 @@ def _as_list(value: int | Sequence[int] | None) -> list[int]:
 
 
 def shared_prefill(
-    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, samples: int, cache: DynamicCache | None = None
 ) -> tuple[DynamicCache, torch.Tensor | None]:
     """Run the prompts once and copy the cache to each of their ``samples`` rows; returns it with the last
-    position's logits, one row per sample (``None`` for empty prompts).
+    position's logits, one row per sample (``None`` for empty prompts). ``cache``: an empty cache to fill (a
+    stock ``DynamicCache`` when None).
 
     Positions follow the left padding exactly as ``generate`` computes them, so outputs do not change.
     """
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     last_logits = None
     if input_ids.shape[1] > 0:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
