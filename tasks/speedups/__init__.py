@@ -10,7 +10,7 @@ missing.
 - ``grpo_trainer``: a GRPOTrainer that encodes each prompt once per group (generation and loss) on CPU.
 - ``store_template``: a new local MLflow store seeded from an empty, migrated copy (no migrations per store).
 - ``gguf_reading``: a GGUF file parsed once per conversion instead of once per transformers loading call.
-- ``repeated_cache``: a KV cache kept repeated per query head and in autocast's dtype while grpoflow decodes (CPU).
+- ``grouped_attention``: grouped-query attention without the KV cache repeated and cast at every decoding step.
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line
