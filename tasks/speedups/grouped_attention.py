@@ -157,7 +157,7 @@ def check_once(model: Any, device_type: str) -> bool:
     if key not in _checked:
         _checked[key] = _agrees(model, device_type)
         if not _checked[key]:
-            logger.warning("grouped attention disagrees with eager attention on %s: the stock path is kept", key[0])
+            logger.info("grouped attention disagrees with eager attention on %s: the stock path is kept", key[0])
     return _checked[key]
 
 
