@@ -63,7 +63,7 @@ def next_tokens(
     """
     if greedy:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature  # x / 1.0 is x: skip a pass
     if top_k:
         threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < threshold, float("-inf"))
