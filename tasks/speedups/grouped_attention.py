@@ -162,7 +162,7 @@ def check_once(model: Any, device_type: str) -> bool:
 
 
 def _agrees(model: Any, device_type: str) -> bool:
-    from tasks.models.generation import with_cache
+    from tasks.models import with_cache
 
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
