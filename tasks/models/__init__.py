@@ -14,7 +14,7 @@ _EXPORTS = {
     "generate_completions": "generation",
     "sample_groups": "generation",
     "shared_prefill": "generation",
-    "with_cache": "generation",
+    "with_cache": "cache_keyword",
     "export_merged": "loading",
     "load_base_model": "loading",
     "load_policy": "loading",

@@ -17,7 +17,6 @@ Must not import: Prefect, MLflow, the stages (probe, evaluation and GRPO's sampl
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,31 +27,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from tasks.models.cache_keyword import with_cache
 from tasks.models.decoding import decodable, next_tokens, until_eos
 from tasks.models.precision import compute_autocast
 from tasks.speedups.grouped_attention import grouped_decoding
 from tasks.speedups.packing import packed_for_inference
 
 logger = logging.getLogger(__name__)
-
-
-@functools.cache
-def cache_argument() -> str:
-    """The keyword that hands a transformers model its KV cache: ``cache`` from transformers 5.24 on,
-    ``past_key_values`` before (5.24 still takes the old name, with a deprecation warning).
-
-    >>> cache_argument() in ("cache", "past_key_values")
-    True
-    """
-    import transformers
-    from packaging.version import Version
-
-    return "cache" if Version(transformers.__version__) >= Version("5.24.0.dev0") else "past_key_values"
-
-
-def with_cache(cache: Any) -> dict[str, Any]:
-    """``{cache_argument(): cache}``: the model call's cache keyword for this transformers."""
-    return {cache_argument(): cache}
 
 
 @dataclass
