@@ -14,7 +14,8 @@ missing.
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line
-says why. Each piece also checks its numbers against the stock path at first use (``packing``, ``grpo_trainer``).
+says why. Each piece also checks its numbers against the stock path at first use (``packing``, ``grpo_trainer``,
+``grouped_attention``).
 
 Must not import (at package import): torch, transformers, TRL, PEFT.
 """
