@@ -21,6 +21,7 @@ from tasks.errors import InfrastructureError
 
 logger = logging.getLogger(__name__)
 
+
 class LockTimeout(InfrastructureError, TimeoutError):
     """A lock was not granted in time; the message names the holder."""
 

@@ -70,11 +70,11 @@ def test_rescore_says_what_a_changed_reward_would_have_done(registered_tiny, tmp
     )
     same = grpoflow("rescore", "tiny-e2e-1", "--reward", "boxed_format", *_common(config))
     assert same.exit_code == 0, same.output
-    report = json.loads(same.stdout[same.stdout.index("{"):])
+    report = json.loads(same.stdout[same.stdout.index("{") :])
     assert report["agreement"] == 1.0 and report["to_informative"] == report["to_uninformative"] == 0
     changed = grpoflow("rescore", "tiny-e2e-1", "--reward", "new_rewards:longer", "--path", str(tmp_path),
                        *_common(config))  # fmt: skip
-    report = json.loads(changed.stdout[changed.stdout.index("{"):])
+    report = json.loads(changed.stdout[changed.stdout.index("{") :])
     assert report["rows"] == config.grpo.batch_size * config.grpo.max_steps and report["to_informative"] > 0
     broken = grpoflow("rescore", "tiny-e2e-1", "--reward", "new_rewards:math_accuracy", "--path", str(tmp_path),
                       *_common(config))  # fmt: skip

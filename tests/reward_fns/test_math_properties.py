@@ -65,7 +65,7 @@ def spelled(draw: st.DrawFn, value: Decimal) -> tuple[str, bool]:
 
 
 values = st.one_of(
-    st.integers(-10**9, 10**9).map(Decimal),
+    st.integers(-(10**9), 10**9).map(Decimal),
     st.decimals(min_value=-100000, max_value=100000, places=2, allow_nan=False, allow_infinity=False),
 )
 

@@ -38,4 +38,4 @@ def test_rescore_counts_groups_that_change_and_correlates_advantages() -> None:
     report = rescore_report(rows, "acc", new, {"acc": 1.0}, 1.0)
     assert report["groups"] == 2 and report["to_informative"] == 1 and report["to_uninformative"] == 0
     assert report["agreement"] == pytest.approx(6 / 8)
-    assert report["advantage_correlation"] == pytest.approx(2 ** -0.5, abs=1e-3)  # b agrees, a was flat
+    assert report["advantage_correlation"] == pytest.approx(2**-0.5, abs=1e-3)  # b agrees, a was flat

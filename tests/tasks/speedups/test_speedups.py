@@ -7,6 +7,7 @@ import logging
 import pytest
 
 import tasks.speedups as speedups
+from tasks.grpo import grpo_trainer_class  # imports Prefect, whose logging set-up must not replace caplog's handler
 
 
 def test_the_lock_is_inside_every_checked_range() -> None:
@@ -18,8 +19,6 @@ def test_the_lock_is_inside_every_checked_range() -> None:
 
 def test_an_unchecked_release_turns_them_off_with_one_log_line(monkeypatch, caplog) -> None:
     """A TRL the speed-ups were not checked on: stock trainers and generation, said once in the log."""
-    from tasks.grpo import grpo_trainer_class
-
     monkeypatch.setitem(speedups.CHECKED_ON, "trl", ("0.1", "0.2"))
     speedups._installed_outside_checked.cache_clear()
     grpo_trainer_class.cache_clear()
