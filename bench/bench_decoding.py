@@ -1,10 +1,12 @@
-"""grpoflow's decoding loop with grouped attention (``tasks/speedups/grouped_attention.py``) against the same loop
-with eager attention and the stock KV cache, interleaved in one process (this machine's speed drifts by tens of
-percent over minutes, so rounds alternate): evaluation's decoding (greedy + 4 samples per prompt, batch 64) and
-GRPO's (a merged bf16 copy, 16 prompts × 8 samples), on SmolLM2-135M-Instruct with the demo's prompts. It also
-checks that both ways give the same completions, token for token.
+"""grpoflow's decoding loop three ways, interleaved in one process (this machine's speed drifts by tens of percent
+over minutes, so rounds alternate): ``stock`` (eager attention, the stock KV cache, every row to the batch's end),
+``grouped`` (grouped attention, ``tasks/speedups/grouped_attention.py``) and ``grouped+leave`` (also finished rows
+leave the batch, ``tasks/models/compaction.py``). Evaluation's decoding (greedy + 4 samples per prompt, batch 64)
+and GRPO's (a merged bf16 copy, 16 prompts × 8 samples), on SmolLM2-135M-Instruct with the demo's prompts; with
+``--adapter`` (e.g. a demo run's ``sft/adapter``) evaluation samples that policy, whose answers end early as
+trained ones do. It also checks that all ways give the same completions, token for token.
 
-Run: .venv/bin/python bench/bench_decoding.py [--rounds 5]   (about 3 minutes)
+Run: .venv/bin/python bench/bench_decoding.py [--rounds 5] [--adapter DIR]   (about 4 minutes)
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
+import tasks.models.compaction as compaction  # noqa: E402
 import tasks.models.generation as generation  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.inputs import arithmetic_rows, render_prompt  # noqa: E402
@@ -29,6 +33,12 @@ from tasks.models import compute_autocast, load_policy, load_tokenizer, resolve_
 from tasks.speedups.packing import pack_linears  # noqa: E402
 
 GROUPED = generation.grouped_decoding
+CHECK = compaction.check_once
+MODES = {  # name -> (decoding context, compaction check)
+    "stock": (None, False),
+    "grouped": (GROUPED, False),
+    "grouped+leave": (GROUPED, True),
+}
 
 
 @contextlib.contextmanager
@@ -46,13 +56,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--adapter", type=Path, default=None, help="a LoRA adapter for evaluation's policy")
     args = parser.parse_args()
     config = load_config("configs/demo.yaml")
     base = resolve_model_source(config.model.source)
     tokenizer = load_tokenizer(base)
     rows = arithmetic_rows(config.data.arithmetic, config.seed)[: args.prompts]
     prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
-    policy = load_policy(base, None)
+    policy = load_policy(base, args.adapter)
     settings = config.evaluation
 
     def evaluation() -> object:
@@ -84,27 +95,34 @@ def main() -> None:
         for mode, run in (("evaluation", evaluation), ("grpo", grpo)):
             run()  # warm-up (and grouped attention's first-use check)
             for _ in range(args.rounds):
-                for name, decoding in (("stock", _stock), ("grouped", GROUPED)):
-                    generation.grouped_decoding = decoding
+                for name, (decoding, leave) in MODES.items():
+                    generation.grouped_decoding = decoding or _stock
+                    compaction.check_once = CHECK if leave else (lambda *args: False)
                     took, outputs[mode][name] = _timed(run)
                     seconds[mode].setdefault(name, []).append(took)
-    generation.grouped_decoding = GROUPED
+    generation.grouped_decoding, compaction.check_once = GROUPED, CHECK
     report = {
         mode: {
             **{f"{name}_seconds_median": round(statistics.median(v), 2) for name, v in by_name.items()},
             **{f"{name}_seconds_min": round(min(v), 2) for name, v in by_name.items()},
-            "speedup_median": round(statistics.median(by_name["stock"]) / statistics.median(by_name["grouped"]), 2),
-            "same_completions": outputs[mode]["stock"] == outputs[mode]["grouped"],
+            **{
+                f"{name}_speedup_median": round(statistics.median(by_name["stock"]) / statistics.median(v), 2)
+                for name, v in by_name.items()
+                if name != "stock"
+            },
+            "same_completions": all(outputs[mode][name] == outputs[mode]["stock"] for name in MODES),
         }
         for mode, by_name in seconds.items()
     }
     print(json.dumps({"bench": "decoding", "prompts": args.prompts, "rounds": args.rounds,
-                      "threads": torch.get_num_threads(), **report}))  # fmt: skip
+                      "adapter": str(args.adapter), "threads": torch.get_num_threads(), **report}))  # fmt: skip
     for mode, row in report.items():
-        print(
-            f"{mode:<11} stock {row['stock_seconds_median']:>6.2f} s  grouped {row['grouped_seconds_median']:>6.2f} s"
-            f"  ({row['speedup_median']:.2f}x, same completions: {row['same_completions']})"
+        times = "  ".join(
+            f"{name} {row[f'{name}_seconds_median']:.2f} s"
+            + (f" ({row[f'{name}_speedup_median']:.2f}x)" if name != "stock" else "")
+            for name in MODES
         )
+        print(f"{mode:<11} {times}  same completions: {row['same_completions']}")
 
 
 if __name__ == "__main__":

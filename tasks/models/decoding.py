@@ -52,9 +52,10 @@ def next_tokens(
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row of ``logits`` (rows × vocabulary): the argmax, or a draw from the tempered, filtered
-    distribution.
+    distribution. ``uniform``: the draw's number in [0, 1) for each row (float64, rows × 1); drawn here when None.
 
     >>> next_tokens(torch.tensor([[0.0, 3.0, 1.0]]), greedy=True).tolist()
     [1]
@@ -81,6 +82,16 @@ def next_tokens(
         )
     # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
     cumulative = probabilities.double().cumsum(dim=-1)
-    uniform = torch.rand(cumulative.size(0), 1, dtype=cumulative.dtype, device=cumulative.device)
+    if uniform is None:
+        uniform = draw_uniform(cumulative.size(0), cumulative.device)
     tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token
     return tokens.squeeze(-1).clamp(max=probabilities.size(-1) - 1)
+
+
+def draw_uniform(rows: int, device: Any = None) -> torch.Tensor:
+    """The numbers ``next_tokens`` draws for ``rows`` rows (float64, rows × 1), from torch's global generator.
+
+    >>> draw_uniform(3).shape
+    torch.Size([3, 1])
+    """
+    return torch.rand(rows, 1, dtype=torch.float64, device=device)

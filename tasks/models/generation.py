@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from tasks.models import compaction
 from tasks.models.cache_keyword import with_cache
-from tasks.models.decoding import decodable, next_tokens, until_eos
+from tasks.models.decoding import decodable, draw_uniform, next_tokens, until_eos
 from tasks.models.precision import compute_autocast
 from tasks.speedups.grouped_attention import grouped_decoding
 from tasks.speedups.packing import packed_for_inference
@@ -219,7 +220,8 @@ def _decode(
     """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows (one
     more, decoded greedily, first in each group with ``greedy_first``), then decode one token per step until
     every row has hit EOS or ``max_new_tokens``. Positions count real tokens, as ``generate`` counts them under
-    left padding. Only the sampled rows draw random numbers, so they draw what they would alone."""
+    left padding. Only the sampled rows draw random numbers, so they draw what they would alone. Finished rows
+    leave the batch (``compaction``): the logits of those still in it are computed, the draws stay as they were."""
     eos = torch.tensor(sorted(_as_list(config.eos_token_id)), device=input_ids.device)
     choose = {
         "greedy": not config.do_sample,
@@ -233,33 +235,56 @@ def _decode(
     # (speedups.grouped_attention): the same numbers, a fraction of the copies.
     with grouped_decoding(model, input_ids.device.type) as new_cache:
         cache, logits = shared_prefill(model, input_ids, attention, rows_per_prompt, new_cache and new_cache())
+        shrink = compaction.check_once(model, new_cache, input_ids.device.type)
         attention = attention.repeat_interleave(rows_per_prompt, dim=0)
         positions = attention.sum(dim=-1, keepdim=True)
         done = torch.zeros(attention.size(0), dtype=torch.bool, device=attention.device)
-        greedy_rows = torch.arange(attention.size(0), device=attention.device) % rows_per_prompt == 0
+        present = torch.arange(attention.size(0), device=attention.device)  # the rows still in the batch
+        greedy_rows = present % rows_per_prompt == 0 if greedy_first else torch.zeros_like(done)
         steps: list[torch.Tensor] = []
         for _ in range(config.max_new_tokens):
-            if greedy_first:  # the argmax of the greedy rows only: the vocabulary is wide
-                token = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
-                token[greedy_rows] = logits[greedy_rows].argmax(dim=-1)
-                token[~greedy_rows] = next_tokens(logits[~greedy_rows], **choose)
-            else:
-                token = next_tokens(logits, **choose)
-            token = token.masked_fill(done, pad_id)
+            token = _choose_tokens(logits, done, greedy_rows, pad_id, choose)
             steps.append(token)
             done |= torch.isin(token, eos)
             if bool(done.all()) or len(steps) == config.max_new_tokens:
                 break
+            keep = compaction.rows_to_keep(done[present]) if shrink else None
+            if keep is not None:
+                cache.batch_select_indices(keep)
+                attention, positions, present = attention[keep], positions[keep], present[keep]
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            logits = model(
-                input_ids=token[:, None],
+            step_logits = model(
+                input_ids=token[present, None],
                 attention_mask=attention,
                 position_ids=positions,
                 use_cache=True,
                 **with_cache(cache),
             ).logits[:, -1]
+            if present.numel() == logits.size(0):
+                logits = step_logits
+            else:  # rows that left keep their last logits: their tokens are padding from now on
+                logits[present] = step_logits
             positions = positions + 1
     return torch.stack(steps, dim=1)
+
+
+def _choose_tokens(
+    logits: torch.Tensor, done: torch.Tensor, greedy_rows: torch.Tensor, pad_id: int, choose: dict[str, Any]
+) -> torch.Tensor:
+    """The next token of every row: ``pad_id`` for finished rows, the argmax for ``greedy_rows`` (and for all rows
+    when ``choose`` is greedy), else a draw. Every sampled row draws its number, finished or not, so each row's
+    draws are those it would get alone; only unfinished rows spend the work of choosing."""
+    token = torch.full((logits.size(0),), pad_id, dtype=torch.long, device=logits.device)
+    argmax_rows = ~done if choose["greedy"] else greedy_rows & ~done
+    if bool(argmax_rows.any()):
+        token[argmax_rows] = logits[argmax_rows].argmax(dim=-1)
+    if not choose["greedy"]:
+        sampled = ~greedy_rows
+        uniform = draw_uniform(int(sampled.sum()), logits.device)
+        drawing = sampled & ~done
+        if bool(drawing.any()):
+            token[drawing] = next_tokens(logits[drawing], **choose, uniform=uniform[~done[sampled]])
+    return token
 
 
 def _as_list(value: int | Sequence[int] | None) -> list[int]:
