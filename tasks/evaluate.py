@@ -170,13 +170,12 @@ def score_model(
     counts = sample_correct.sum(axis=1).astype(int)
     general = None
     if settings.forgetting:
-        # The base model and registered versions are cached by fingerprint; a fresh adapter by its bytes under
+        # The base model is cached by its fingerprint, registered versions by their adapter's bytes (downloaded
+        # afresh each run: a key by file times would never hit); a fresh adapter by its bytes under
         # evaluation.cache (a same-seed rerun's adapters), else scored again.
         base_key = fingerprint(spec.base_model_dir)
         model_key = base_key if spec.adapter_dir is None else None
-        if spec.adapter_dir is not None and spec.registered_version is not None:
-            model_key = fingerprint(spec.base_model_dir, spec.adapter_dir)
-        elif spec.adapter_dir is not None and settings.cache:
+        if spec.adapter_dir is not None and (spec.registered_version is not None or settings.cache):
             model_key = model_content_key(spec.base_model_dir, spec.adapter_dir)
         # Forgetting scores likelihoods: the transformers model, whichever engine sampled.
         model = getattr(sampler, "model", None) or load_policy(spec.base_model_dir, spec.adapter_dir)

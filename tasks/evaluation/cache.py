@@ -56,12 +56,15 @@ _SET_VALUED = ("target_modules", "modules_to_save", "exclude_modules")
 
 
 def _canonical_adapter_config(text: str) -> str:
-    """An adapter config with its set-valued lists sorted and its keys in order.
+    """An adapter config with its set-valued lists sorted, its keys in order, and without the base model's name or
+    path: the key holds the base folder's own fingerprint, and registering writes a portable name there (a
+    registered version is the run's adapter, so it shares the run's cached completions and scores).
 
-    >>> _canonical_adapter_config('{"r": 8, "target_modules": ["v_proj", "k_proj"]}')
+    >>> _canonical_adapter_config('{"r": 8, "target_modules": ["v_proj", "k_proj"], "base_model_name_or_path": "/x"}')
     '{"r": 8, "target_modules": ["k_proj", "v_proj"]}'
     """
     config = json.loads(text)
+    config.pop("base_model_name_or_path", None)
     for key in _SET_VALUED:
         if isinstance(config.get(key), list):
             config[key] = sorted(config[key], key=str)

@@ -49,6 +49,15 @@ def test_a_version_loads_by_alias_and_predicts_with_its_card(registered_tiny, tm
 
     base, adapter_dir, _ = fetch_adapter(uri, f"models:/{name}/{version.version}", tmp_path / "fetched")
     assert base == "tiny-random" and (adapter_dir / "adapter_model.safetensors").is_file()
+    # The registered copy is the run's adapter: it keys the evaluation cache as the run's own folder does, so a
+    # later run's champion is not sampled and scored again.
+    from tasks.evaluation.cache import model_content_key
+    from tasks.models import resolve_model_source
+
+    trained = [p.parent for p in Path(config.output_dir).rglob("grpo/adapter/adapter_model.safetensors")]
+    base_dir = resolve_model_source(base)
+    assert len(trained) == 1
+    assert model_content_key(base_dir, adapter_dir) == model_content_key(base_dir, trained[0])
 
     # Each version carries its own model's numbers: the SFT backup the SFT policy's.
     sft = client.get_model_version(f"{name}-sft", summary["promotion"]["sft_version"])
