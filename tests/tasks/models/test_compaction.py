@@ -45,9 +45,12 @@ def test_rows_that_leave_change_no_token(monkeypatch, precision) -> None:
         kept.extend([] if keep is None else [keep.numel()])
         return keep
 
+    checks: list[bool] = []
+    check = compaction.check_once
     monkeypatch.setattr(compaction, "rows_to_keep", watched)
+    monkeypatch.setattr(compaction, "check_once", lambda *args: checks.append(check(*args)) or checks[-1])
     shrinking = _decode(model, precision)
-    if precision == "bf16":  # the check passes for this model here; fp32 is compared wherever it passes
+    if checks[0]:  # where the first-use check passes (both precisions on this project's CI machines)
         assert kept, "no batch shrank although rows finished"
     assert all(size >= compaction.MIN_ROWS for size in kept)
     monkeypatch.setattr(compaction, "check_once", lambda *args: False)
