@@ -54,10 +54,9 @@ def test_a_version_loads_by_alias_and_predicts_with_its_card(registered_tiny, tm
     from tasks.evaluation.cache import model_content_key
     from tasks.models import resolve_model_source
 
-    trained = [p.parent for p in Path(config.output_dir).rglob("grpo/adapter/adapter_model.safetensors")]
+    trained = Path(summary["run_dir"]) / "grpo" / "adapter"  # the run that registered this version
     base_dir = resolve_model_source(base)
-    assert len(trained) == 1
-    assert model_content_key(base_dir, adapter_dir) == model_content_key(base_dir, trained[0])
+    assert model_content_key(base_dir, adapter_dir) == model_content_key(base_dir, trained)
 
     # Each version carries its own model's numbers: the SFT backup the SFT policy's.
     sft = client.get_model_version(f"{name}-sft", summary["promotion"]["sft_version"])
