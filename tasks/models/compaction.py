@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from tasks.models.cache_keyword import with_cache
+from tasks.models.precision import autocast_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +60,8 @@ def check_once(model: Any, new_cache: Callable[[], DynamicCache] | None, device_
     cache ``new_cache`` makes (a stock ``DynamicCache`` when None), under the autocast in force and with the
     model's layers as they are now (packed, with adapters). Checked once per such combination; a mismatch is
     logged and keeps whole batches."""
-    autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
     layers = tuple(sorted({type(module).__name__ for module in model.modules()}))
-    key = (type(model).__name__, model.config.to_json_string(), autocast, layers, new_cache is None)
+    key = (type(model).__name__, model.config.to_json_string(), autocast_dtype(device_type), layers, new_cache is None)
     if key not in _checked:
         _checked[key] = _agrees(model, new_cache)
         if not _checked[key]:

@@ -54,6 +54,15 @@ def compute_autocast(precision: str) -> Any:
     return torch.autocast(device_type=device().type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast casts matrix products to on ``device_type`` right now (None when it is off).
+
+    >>> autocast_dtype("cpu") is None
+    True
+    """
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

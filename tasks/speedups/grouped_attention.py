@@ -27,6 +27,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from tasks.models.precision import autocast_dtype
+
 logger = logging.getLogger(__name__)
 
 GROUPED = "grpoflow_grouped"
@@ -106,11 +108,6 @@ def fits(model: Any) -> bool:
     except Exception:  # noqa: BLE001 - a config this cache cannot read: the stock path
         return False
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype autocast casts matrix products to on ``device_type`` right now (None when it is off)."""
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 @contextlib.contextmanager
