@@ -3,15 +3,25 @@ isolated Prefect home, so tests run offline and leave nothing behind."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import importlib.util
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-_SESSION_DIR = Path(tempfile.mkdtemp(prefix="grpoflow-tests-"))
+# One folder holds every temporary file of a test run, its workers' and their subprocesses' (TMPDIR is inherited):
+# the process that made it removes it when it exits, so a run leaves nothing behind, even where a test kills a
+# process before it can clean up. pytest's own tmp_path folders stay where pytest keeps them (its last three runs).
+if "GRPOFLOW_TEST_TMP" not in os.environ:
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ["GRPOFLOW_TEST_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="grpoflow-tests-")
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, os.environ["GRPOFLOW_TEST_TMP"], ignore_errors=True)
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="session-"))
 # `make test` runs the suite on pytest-xdist workers (a session dir, Prefect home and cache each). Each computes on
 # its share of the cores: torch's OpenMP threads spin while they wait, so two workers of two threads on two cores
 # ran many times slower than one. The tests' own subprocesses (CLI runs, ranks, servers) inherit the setting.
@@ -69,7 +79,7 @@ def _machine(request: pytest.FixtureRequest) -> Iterator[None]:
     if _WORKERS <= 1 or not run:
         yield
         return
-    folder = Path(tempfile.gettempdir()) / f"grpoflow-tests-{run}"
+    folder = Path(os.environ["GRPOFLOW_TEST_TMP"]) / f"machine-{run}"
     folder.mkdir(exist_ok=True)
     alone = request.node.get_closest_marker("alone") is not None
     with machine_share(folder, alone):

@@ -42,8 +42,8 @@ def ledger_rows(run: str, config: Any, tracking_uri: str | None) -> list[dict[st
     if not runs:
         raise UserError(f"no rollout ledger for {run!r}: not a folder with one, not under {config.output_dir}, and "
                         f"no GRPO stage of that run id in {uri}")  # fmt: skip
-    local = client.download_artifacts(runs[0].info.run_id, LEDGER_DIR, tempfile.mkdtemp(prefix="grpoflow-ledger-"))
-    return read_ledger(Path(local))
+    with tempfile.TemporaryDirectory(prefix="grpoflow-ledger-") as scratch:  # rows are read into memory
+        return read_ledger(Path(client.download_artifacts(runs[0].info.run_id, LEDGER_DIR, scratch)))
 
 
 def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
