@@ -54,6 +54,9 @@ def run(
             return
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
     preflight(cfg, tracking=True)  # missing inputs fail here, before a server, a run or a model is started
+    from tasks.models import prepare_in_background
+
+    prepare_in_background(cfg.model.source)  # SmolLM2's first conversion, on the core the start-up leaves idle
     # The stack (torch, TRL, Prefect, MLflow: ~10 s) is imported once the inputs are known to be there, so a
     # user's mistake is named in a second or two.
     from prefect.settings import PREFECT_API_URL, temporary_settings

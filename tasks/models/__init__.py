@@ -27,6 +27,7 @@ _EXPORTS = {
     "TINY_RANDOM": "sources",
     "TINY_RANDOM_VLLM": "sources",
     "cache_dir": "sources",
+    "prepare_in_background": "sources",
     "resolve_model_source": "sources",
     "EngineSpec": "vllm_engine",
     "VllmSampler": "vllm_engine",

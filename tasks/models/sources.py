@@ -9,6 +9,7 @@ Must not import: Prefect, MLflow; torch and transformers only inside the builder
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import importlib.util
 import io
@@ -16,6 +17,8 @@ import logging
 import os
 import shutil
 import string
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,21 +53,58 @@ def cache_dir() -> Path:
 
 
 def _publish(build: Any, target: Path) -> Path:
-    """Build into a temporary sibling folder and rename it into place, so a crash never leaves half a model."""
+    """Build into a temporary sibling folder and rename it into place, so a crash never leaves half a model.
+    One process builds at a time (a file lock beside the folder): another waits for it, then finds the model."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build(staging)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
         try:
-            staging.rename(target)
-        except OSError:  # another process published it first
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes or its process dies
+        except BlockingIOError:
+            logger.info("waiting for another process to finish %s (in %s)", target.name, target.parent)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            build(staging)
+            try:
+                staging.rename(target)
+            except OSError:  # another process published it first
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            raise
     return target
+
+
+def _packaged_target(source: str) -> Path | None:
+    """The cache folder of a source grpoflow converts or builds itself; None for folders and Hub ids."""
+    versions = {SMOLLM2: _SMOLLM2_VERSION, TINY_RANDOM: _TINY_VERSION, TINY_RANDOM_VLLM: _TINY_VERSION}
+    return cache_dir() / "models" / f"{source}-{versions[source]}" if source in versions else None
+
+
+def prepare_in_background(source: str) -> subprocess.Popen[bytes] | None:
+    """Start converting SmolLM2's GGUF (about 10 s) in a child process when the cache does not have it yet, and
+    return that process (None when there is nothing to do). ``grpoflow run`` calls it first thing: the run then
+    imports its stack and starts its servers on one core while the other converts, and the run's own
+    ``resolve_model_source`` waits for the child's lock instead of converting again. The child's output is
+    dropped: a failed conversion is tried again, and reported, by the run itself."""
+    target = _packaged_target(source)
+    if source != SMOLLM2 or target is None or (target / "config.json").is_file():
+        return None
+    code = f"from tasks.models.sources import resolve_model_source; resolve_model_source({source!r})"
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the conversion is serial; leave the run its cores
+    quiet = subprocess.DEVNULL
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=quiet, stdout=quiet, stderr=quiet, env=environment,
+                             cwd=repo)  # fmt: skip
+    _CHILDREN.append(child)  # held, so that it is not reported as a process left running when its handle goes
+    return child
+
+
+_CHILDREN: list[subprocess.Popen[bytes]] = []
 
 
 def _convert_smollm2(destination: Path) -> None:
@@ -158,13 +198,11 @@ def build_tiny_random(destination: Path, seed: int = 0, heads: int = 4) -> None:
 
 def resolve_model_source(source: str, revision: str | None = None) -> Path:
     """A local folder holding the base model for ``source``, building or converting it once if needed."""
-    if source == SMOLLM2:
-        return _publish(_convert_smollm2, cache_dir() / "models" / f"{SMOLLM2}-{_SMOLLM2_VERSION}")
-    if source == TINY_RANDOM:
-        return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
-    if source == TINY_RANDOM_VLLM:
-        build = functools.partial(build_tiny_random, heads=2)
-        return _publish(build, cache_dir() / "models" / f"{TINY_RANDOM_VLLM}-{_TINY_VERSION}")
+    builders = {SMOLLM2: _convert_smollm2, TINY_RANDOM: build_tiny_random,
+                TINY_RANDOM_VLLM: functools.partial(build_tiny_random, heads=2)}  # fmt: skip
+    target = _packaged_target(source)
+    if target is not None:
+        return _publish(builders[source], target)
     local = Path(source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():

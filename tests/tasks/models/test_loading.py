@@ -19,6 +19,53 @@ def test_tiny_random_is_cached(tiny_model_dir: Path) -> None:
     assert resolve_model_source("tiny-random") == tiny_model_dir
 
 
+def test_a_process_waits_for_another_building_the_same_model(tmp_path: Path) -> None:
+    """The background conversion ``grpoflow run`` starts and the run's own resolve share a lock: the second
+    waits for the first and builds nothing itself."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tasks.models.sources import build_tiny_random
+
+    target = tmp_path / "models" / "tiny-random-v1"
+    target.parent.mkdir(parents=True)
+    code = "from tasks.models import resolve_model_source; print(resolve_model_source('tiny-random'))"
+    env = {**os.environ, "GRPOFLOW_CACHE": str(tmp_path)}
+    with open(target.parent / ".tiny-random-v1.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # this test is the process that is building
+        waiting = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(3)
+        assert waiting.poll() is None  # blocked on the lock, not building its own copy
+        build_tiny_random(target)
+        built = (target / "model.safetensors").stat().st_mtime_ns
+    out, err = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0, err[-2000:]
+    assert Path(out.strip().splitlines()[-1]) == target
+    assert (target / "model.safetensors").stat().st_mtime_ns == built
+    assert sorted(p.name for p in target.parent.iterdir()) == [".tiny-random-v1.lock", "tiny-random-v1"]
+
+
+def test_only_an_unconverted_smollm2_is_prepared_in_the_background(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.models import SMOLLM2, prepare_in_background
+
+    assert prepare_in_background("tiny-random") is None  # seconds to build: the run does it itself
+    assert prepare_in_background(str(tiny_model_dir)) is None  # a folder: nothing to convert
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path))
+    child = prepare_in_background(SMOLLM2)  # an empty cache: the conversion starts
+    assert child is not None and child.poll() is None
+    child.kill()
+    child.wait()
+    (tmp_path / "models" / f"{SMOLLM2}-v2").mkdir(parents=True)
+    (tmp_path / "models" / f"{SMOLLM2}-v2" / "config.json").write_text("{}")
+    assert prepare_in_background(SMOLLM2) is None  # converted before: nothing to do
+
+
 def test_local_folder_is_used_as_is(tiny_model_dir: Path) -> None:
     assert resolve_model_source(str(tiny_model_dir)) == tiny_model_dir.resolve()
 
