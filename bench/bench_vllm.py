@@ -172,9 +172,11 @@ def main() -> None:
               if r["logp_difference_mean"] else "–")  # fmt: skip
         print(f"| {r['backend']} | {r['median_step_s']} | {r['peak_rss_gib']} | {lp} |")
     v = results[2]
-    print(f"\ngreedy, {v['greedy_prompts']} hold-out prompts: identical text {v['greedy_text_identical']:.0%}, "
-          f"same verdict {v['greedy_verdict_agreement']:.0%} (accuracy vLLM {v['greedy_accuracy_vllm']:.0%}, "
-          f"transformers {v['greedy_accuracy_transformers']:.0%}); {time.perf_counter() - started:.0f} s in all")
+    print(
+        f"\ngreedy, {v['greedy_prompts']} hold-out prompts: identical text {v['greedy_text_identical']:.0%}, "
+        f"same verdict {v['greedy_verdict_agreement']:.0%} (accuracy vLLM {v['greedy_accuracy_vllm']:.0%}, "
+        f"transformers {v['greedy_accuracy_transformers']:.0%}); {time.perf_counter() - started:.0f} s in all"
+    )
 
 
 if __name__ == "__main__":

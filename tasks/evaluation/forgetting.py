@@ -99,8 +99,9 @@ def _forward(model: Any, sequences: list[list[int]], pad_id: int) -> torch.Tenso
 def choice_logprobs(
     model: Any, contexts: list[list[int]], choices: list[list[list[int]]], pad_id: int, batch_size: int
 ) -> list[list[float]]:
-    """Summed log-probability of each choice after its context. Each context runs once and its cache is copied
-    to its choices (``shared_prefill``, as sampling does), so a question with four choices costs little more
+    """Summed log-probability of each choice after its context. Each context runs once (``shared_prefill``, as
+    sampling does): its last position scores every choice's first token, and only the choices of more than one
+    token go on, their context's cache rows copied to them, so a question with four choices costs little more
     than one; questions are batched by their number of choices."""
     from tasks.models import shared_prefill, with_cache
 
@@ -118,29 +119,31 @@ def choice_logprobs(
                 ids[row, width - len(contexts[index]) :] = torch.tensor(contexts[index])
                 mask[row, width - len(contexts[index]) :] = 1
             ids, mask = ids.to(device), mask.to(device)
-            cache, first = shared_prefill(model, ids, mask, count)  # one row per (question, choice)
-            options = [choice for index in batch for choice in choices[index]]
-            longest = max(len(option) for option in options)
-            follow = torch.full((len(options), max(longest - 1, 1)), pad_id, dtype=torch.long, device=device)
-            follow_mask = torch.zeros_like(follow)
-            for row, option in enumerate(options):
-                if len(option) > 1:
-                    follow[row, : len(option) - 1] = torch.tensor(option[:-1], device=device)
-                    follow_mask[row, : len(option) - 1] = 1
+            cache, first = shared_prefill(model, ids, mask, 1)  # one row per question
             first = torch.log_softmax(first.float(), dim=-1)
-            rest = None
-            if longest > 1:
-                attention = torch.cat([mask.repeat_interleave(count, dim=0), follow_mask], dim=1)
-                start = mask.sum(dim=-1, keepdim=True).repeat_interleave(count, dim=0)
-                positions = start + torch.arange(follow.shape[1], device=device)[None, :]
+            options = [(row, choice) for row in range(len(batch)) for choice in choices[batch[row]]]
+            longer = [n for n, (_, option) in enumerate(options) if len(option) > 1]  # the ones that go on
+            rest: dict[int, torch.Tensor] = {}
+            if longer:
+                rows = torch.tensor([options[n][0] for n in longer], device=device)
+                cache.batch_select_indices(rows)  # each continuing choice gets its question's cache row
+                follow = torch.full((len(longer), max(len(options[n][1]) for n in longer) - 1), pad_id,
+                                    dtype=torch.long, device=device)  # fmt: skip
+                follow_mask = torch.zeros_like(follow)
+                for slot, n in enumerate(longer):
+                    option = options[n][1]
+                    follow[slot, : len(option) - 1] = torch.tensor(option[:-1], device=device)
+                    follow_mask[slot, : len(option) - 1] = 1
+                attention = torch.cat([mask[rows], follow_mask], dim=1)
+                positions = mask.sum(dim=-1, keepdim=True)[rows] + torch.arange(follow.shape[1], device=device)[None, :]
                 logits = model(input_ids=follow, attention_mask=attention, position_ids=positions, use_cache=True,
                                **with_cache(cache)).logits  # fmt: skip
-                rest = torch.log_softmax(logits.float(), dim=-1)
-            for row, option in enumerate(options):
+                rest = dict(zip(longer, torch.log_softmax(logits.float(), dim=-1), strict=True))
+            for n, (row, option) in enumerate(options):
                 total = float(first[row, option[0]])
                 for k in range(1, len(option)):
-                    total += float(rest[row, k - 1, option[k]])
-                results[batch[row // count]].append(total)
+                    total += float(rest[n][k - 1, option[k]])
+                results[batch[row]].append(total)
     return results
 
 

@@ -64,6 +64,9 @@ def next_tokens(
     """
     if greedy:
         return logits.argmax(dim=-1)
+    if temperature == 1.0 and not top_k and (top_p is None or top_p >= 1.0):
+        probabilities = logits.softmax(dim=-1, dtype=torch.float32)  # cast inside the pass: no float copy first
+        return _inverse_cdf(probabilities, min_p, uniform)
     logits = logits.float() if temperature == 1.0 else logits.float() / temperature  # x / 1.0 is x: skip a pass
     if top_k:
         threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
@@ -75,13 +78,18 @@ def next_tokens(
         drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probabilities = logits.softmax(dim=-1)
+    return _inverse_cdf(logits.softmax(dim=-1), min_p, uniform)
+
+
+def _inverse_cdf(probabilities: torch.Tensor, min_p: float | None, uniform: torch.Tensor | None) -> torch.Tensor:
+    """A draw per row of ``probabilities`` (float32) by its inverse CDF, after ``min_p``'s filter."""
     if min_p:
         probabilities = probabilities.masked_fill(
             probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
         )
     # Inverse CDF: one uniform number per row (drawing one per vocabulary entry is what makes multinomial slow).
-    cumulative = probabilities.double().cumsum(dim=-1)
+    # Summed in float64 as it goes (the same sums as a float64 copy's, without the copy).
+    cumulative = probabilities.cumsum(dim=-1, dtype=torch.float64)
     if uniform is None:
         uniform = draw_uniform(cumulative.size(0), cumulative.device)
     tokens = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)  # never a 0-chance token

@@ -115,3 +115,25 @@ def test_smollm2_loses_general_qa_beyond_the_tolerance_when_damaged(tmp_path, no
     reason = forgetting_problem(drop, PromotionSettings(), "the base model")
     assert reason.startswith("forgetting against the base model: general QA accuracy fell")
     assert "(95% CI [" in reason and "beyond the tolerance of 5.0" in reason
+
+
+def test_choice_scores_are_each_choice_scored_after_its_context_alone(tiny_model_dir) -> None:
+    """Shared prefill, only the longer choices going on (their context's cache rows copied): each score is what
+    one unpadded forward pass over context + choice gives, for choices of one to several tokens."""
+    import torch
+
+    from tasks.evaluation.forgetting import choice_logprobs
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_policy(tiny_model_dir, None).eval()
+    questions = [("Question: 2+2?\nAnswer:", ["4", "22", "five"]), ("Q: sky?\nA:", ["blue", "x"]),
+                 ("Question: pick\nAnswer:", ["a", "b", "c"]), ("Q:\nA:", ["long answer", "no"])]  # fmt: skip
+    contexts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in questions]
+    choices = [[tokenizer(f" {c}", add_special_tokens=False)["input_ids"] for c in options] for _, options in questions]
+    with torch.inference_mode():
+        scores = choice_logprobs(model, contexts, choices, tokenizer.pad_token_id, batch_size=6)
+        for context, options, got in zip(contexts, choices, scores, strict=True):
+            for option, score in zip(options, got, strict=True):
+                logprobs = torch.log_softmax(model(input_ids=torch.tensor([context + option])).logits[0].float(), -1)
+                expected = sum(float(logprobs[len(context) - 1 + k, token]) for k, token in enumerate(option))
+                assert score == pytest.approx(expected, abs=1e-4)
