@@ -55,8 +55,16 @@ def run(
         console.print(f"resuming {resume}: finished stages come from the cache, trainers from their checkpoints")
     preflight(cfg, tracking=True)  # missing inputs fail here, before a server, a run or a model is started
     from tasks.models import prepare_in_background
+    from tasks.speedups import speedups_on
 
-    prepare_in_background(cfg.model.source)  # SmolLM2's first conversion, on the core the start-up leaves idle
+    # On the core the start-up leaves idle: SmolLM2's first conversion, and the temporary Prefect server's boot.
+    prepare_in_background(cfg.model.source)
+    api_url, where = _prefect_server()
+    early_server = None
+    if api_url is None and speedups_on(cfg.grpo.speedups):
+        from tasks.speedups.prefect_server import start_early
+
+        early_server = start_early()
     # The stack (torch, TRL, Prefect, MLflow: ~10 s) is imported once the inputs are known to be there, so a
     # user's mistake is named in a second or two.
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -65,10 +73,11 @@ def run(
     from tasks.probe import NoLearningSignal
 
     run_name = resume or run_id or new_run_id(cfg)
-    api_url, where = _prefect_server()
     store_uri(cfg)
     notes.print(f"[dim]{where}[/dim]")
     console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")
+    if early_server is not None:
+        early_server.join()  # up by now; the flow's first API call finds it
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
             summary = pipeline(cfg, run_name)

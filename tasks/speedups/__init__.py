@@ -11,6 +11,7 @@ missing.
 - ``store_template``: a new local MLflow store seeded from an empty, migrated copy (no migrations per store).
 - ``gguf_reading``: a GGUF file parsed once per conversion instead of once per transformers loading call.
 - ``grouped_attention``: grouped-query attention without the KV cache repeated and cast at every decoding step.
+- ``prefect_server``: Prefect's temporary server started while a run imports its stack (Prefect's private class).
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line
