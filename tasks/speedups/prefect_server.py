@@ -23,7 +23,9 @@ class EarlyServer:
 
     def __init__(self) -> None:
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._start, name="grpoflow-early-prefect-server", daemon=True)
+        # Not a daemon: a run that stops before its flow (a user error) still waits for the start to finish, so
+        # Prefect's exit handler, registered with the server's process, stops it; none is left running.
+        self._thread = threading.Thread(target=self._start, name="grpoflow-early-prefect-server", daemon=False)
         self._thread.start()
 
     def _start(self) -> None:
