@@ -87,12 +87,12 @@ def _packaged_target(source: str) -> Path | None:
 
 def prepare_in_background(source: str) -> subprocess.Popen[bytes] | None:
     """Start converting SmolLM2's GGUF (about 10 s) in a child process when the cache does not have it yet, and
-    return that process (None when there is nothing to do). ``grpoflow run`` calls it first thing: the run then
-    imports its stack and starts its servers on one core while the other converts, and the run's own
-    ``resolve_model_source`` waits for the child's lock instead of converting again. The child's output is
-    dropped: a failed conversion is tried again, and reported, by the run itself."""
-    target = _packaged_target(source)
-    if source != SMOLLM2 or target is None or (target / "config.json").is_file():
+    return that process (None when there is nothing to do). ``grpoflow run`` calls it once its inputs are
+    checked: the run then imports its stack and starts its servers on one core while the other converts, and the
+    run's own ``resolve_model_source`` waits for the child's lock instead of converting again. The child's output
+    is dropped: a failed conversion is tried again, and reported, by the run itself."""
+    target = _packaged_target(source) if source == SMOLLM2 else None  # the tiny models build in seconds
+    if target is None or (target / "config.json").is_file():
         return None
     code = f"from tasks.models.sources import resolve_model_source; resolve_model_source({source!r})"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the conversion is serial; leave the run its cores
