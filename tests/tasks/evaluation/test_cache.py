@@ -25,10 +25,11 @@ def _with(config: PipelineConfig, **evaluation) -> PipelineConfig:
 
 
 def test_a_second_evaluation_reads_the_cache_and_gives_the_same_table(
-    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, caplog
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, caplog, monkeypatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="tasks.evaluation.cache")
-    # A seed no other test uses: entries other tests wrote in this session do not count.
+    # A cache of its own: the session's is shared with the other worker, whose evaluations write entries too.
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path / "cache"))
     config = _with(tiny_config, forgetting=False).model_copy(update={"seed": 1234})
     entries = set((cache_dir() / "evaluation").glob("*.json"))
     first, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "a", caplog)
