@@ -22,9 +22,10 @@ if "GRPOFLOW_TEST_TMP" not in os.environ:
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     atexit.register(shutil.rmtree, os.environ["GRPOFLOW_TEST_TMP"], ignore_errors=True)
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="session-"))
-# `make test` runs the suite on pytest-xdist workers (a session dir, Prefect home and cache each). Each computes on
-# its share of the cores: torch's OpenMP threads spin while they wait, so two workers of two threads on two cores
-# ran many times slower than one. The tests' own subprocesses (CLI runs, ranks, servers) inherit the setting.
+# `make test` runs the suite on pytest-xdist workers (a session dir and Prefect home each; the grpoflow cache is
+# the first process's, shared). Each computes on its share of the cores: torch's OpenMP threads spin while they
+# wait, so two workers of two threads on two cores ran many times slower than one. The tests' own subprocesses
+# (CLI runs, ranks, servers) inherit the setting.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
