@@ -14,7 +14,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	# A current pip: lock-check's dry runs for other platforms need one (pip 23's refuse them without --target).
+	# A current pip: lock-check's dry runs for other platforms need one (pip 23 refuses them without --target).
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt uv
 	# The CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build. uv takes it from the
