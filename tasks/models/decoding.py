@@ -64,10 +64,8 @@ def next_tokens(
     """
     if greedy:
         return logits.argmax(dim=-1)
-    if temperature == 1.0 and not top_k and (top_p is None or top_p >= 1.0):
-        probabilities = logits.softmax(dim=-1, dtype=torch.float32)  # cast inside the pass: no float copy first
-        return _inverse_cdf(probabilities, min_p, uniform)
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature  # x / 1.0 is x: skip a pass
+    if temperature != 1.0 or top_k or (top_p is not None and top_p < 1.0):  # x / 1.0 is x: skip that pass
+        logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if top_k:
         threshold = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < threshold, float("-inf"))
@@ -78,11 +76,7 @@ def next_tokens(
         drop_sorted = mass_before >= top_p  # as transformers: the smallest set that reaches top_p stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return _inverse_cdf(logits.softmax(dim=-1), min_p, uniform)
-
-
-def _inverse_cdf(probabilities: torch.Tensor, min_p: float | None, uniform: torch.Tensor | None) -> torch.Tensor:
-    """A draw per row of ``probabilities`` (float32) by its inverse CDF, after ``min_p``'s filter."""
+    probabilities = logits.softmax(dim=-1, dtype=torch.float32)  # bf16 logits cast inside the pass, not copied first
     if min_p:
         probabilities = probabilities.masked_fill(
             probabilities < min_p * probabilities.max(dim=-1, keepdim=True).values, 0.0
