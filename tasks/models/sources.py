@@ -79,10 +79,9 @@ def _publish(build: Any, target: Path) -> Path:
     return target
 
 
-def _packaged_target(source: str) -> Path | None:
-    """The cache folder of a source grpoflow converts or builds itself; None for folders and Hub ids."""
-    versions = {SMOLLM2: _SMOLLM2_VERSION, TINY_RANDOM: _TINY_VERSION, TINY_RANDOM_VLLM: _TINY_VERSION}
-    return cache_dir() / "models" / f"{source}-{versions[source]}" if source in versions else None
+def _smollm2_folder() -> Path:
+    """Where SmolLM2's converted model is cached."""
+    return cache_dir() / "models" / f"{SMOLLM2}-{_SMOLLM2_VERSION}"
 
 
 def prepare_in_background(source: str) -> subprocess.Popen[bytes] | None:
@@ -91,8 +90,7 @@ def prepare_in_background(source: str) -> subprocess.Popen[bytes] | None:
     checked: the run then imports its stack and starts its servers on one core while the other converts, and the
     run's own ``resolve_model_source`` waits for the child's lock instead of converting again. The child's output
     is dropped: a failed conversion is tried again, and reported, by the run itself."""
-    target = _packaged_target(source) if source == SMOLLM2 else None  # the tiny models build in seconds
-    if target is None or (target / "config.json").is_file():
+    if source != SMOLLM2 or (_smollm2_folder() / "config.json").is_file():  # the tiny models build in seconds
         return None
     code = f"from tasks.models.sources import resolve_model_source; resolve_model_source({source!r})"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the conversion is serial; leave the run its cores
@@ -198,11 +196,13 @@ def build_tiny_random(destination: Path, seed: int = 0, heads: int = 4) -> None:
 
 def resolve_model_source(source: str, revision: str | None = None) -> Path:
     """A local folder holding the base model for ``source``, building or converting it once if needed."""
-    builders = {SMOLLM2: _convert_smollm2, TINY_RANDOM: build_tiny_random,
-                TINY_RANDOM_VLLM: functools.partial(build_tiny_random, heads=2)}  # fmt: skip
-    target = _packaged_target(source)
-    if target is not None:
-        return _publish(builders[source], target)
+    if source == SMOLLM2:
+        return _publish(_convert_smollm2, _smollm2_folder())
+    if source == TINY_RANDOM:
+        return _publish(build_tiny_random, cache_dir() / "models" / f"{TINY_RANDOM}-{_TINY_VERSION}")
+    if source == TINY_RANDOM_VLLM:
+        build = functools.partial(build_tiny_random, heads=2)
+        return _publish(build, cache_dir() / "models" / f"{TINY_RANDOM_VLLM}-{_TINY_VERSION}")
     local = Path(source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
