@@ -249,6 +249,11 @@ class EvaluationSettings(_Strict):
         description="Reuse a model's hold-out completions when the same model (by content), prompts, sampling "
         "settings, seed and engine were evaluated before (<cache>/evaluation): the same table, not sampled again.",
     )
+    processes: Literal["auto", 1, 2] = Field(
+        "auto",
+        description="Processes that evaluate: auto is 2 where models sample on the CPU with two torch threads or "
+        "more (this one and a forked worker, half the threads each: faster on small CPUs, the same numbers), else 1.",
+    )
     general_corpus: Path | None = Field(None, description="Text file, one passage a line. Default: shipped.")
     general_questions: Path | None = Field(
         None,

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,7 +98,12 @@ def _forward(model: Any, sequences: list[list[int]], pad_id: int) -> torch.Tenso
 
 
 def choice_logprobs(
-    model: Any, contexts: list[list[int]], choices: list[list[list[int]]], pad_id: int, batch_size: int
+    model: Any,
+    contexts: list[list[int]],
+    choices: list[list[list[int]]],
+    pad_id: int,
+    batch_size: int,
+    report: Callable[[int], None] | None = None,
 ) -> list[list[float]]:
     """Summed log-probability of each choice after its context. Each context runs once (``shared_prefill``, as
     sampling does): its last position scores every choice's first token, and only the choices of more than one
@@ -144,10 +150,18 @@ def choice_logprobs(
                 for k in range(1, len(option)):
                     total += float(rest[n][k - 1, option[k]])
                 results[batch[row]].append(total)
+            if report:
+                report(len(batch))
     return results
 
 
-def qa_by_likelihood(model: Any, tokenizer: Any, items: list[dict[str, Any]], batch_size: int) -> list[int]:
+def qa_by_likelihood(
+    model: Any,
+    tokenizer: Any,
+    items: list[dict[str, Any]],
+    batch_size: int,
+    report: Callable[[int], None] | None = None,
+) -> list[int]:
     """1 per question whose likeliest choice is an accepted answer, else 0: each choice scored by its
     log-likelihood per character after ``Question: …\\nAnswer:`` (plain text, as likelihood evaluations do: no
     chat template, whose system prompt would triple the tokens)."""
@@ -156,7 +170,7 @@ def qa_by_likelihood(model: Any, tokenizer: Any, items: list[dict[str, Any]], ba
     options = [[tokenizer(f" {choice}", add_special_tokens=False)["input_ids"] for choice in item["choices"]]
                for item in items]  # fmt: skip
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    scores = choice_logprobs(model, contexts, options, pad, batch_size)
+    scores = choice_logprobs(model, contexts, options, pad, batch_size, report)
     correct = []
     for item, item_scores in zip(items, scores, strict=True):
         normalized = [
@@ -192,6 +206,7 @@ def corpus_scores(
     batch_size: int,
     reference: TopK | None = None,
     keep_top_k: bool = False,
+    report: Callable[[int], None] | None = None,
 ) -> tuple[list[float], list[int], list[float] | None, TopK | None]:
     """Per document: summed negative log-likelihood and tokens scored; with ``reference`` (the base's top-k),
     the summed per-token KL(base ‖ model) (the base's mass outside its top k as one bucket); with
@@ -224,6 +239,8 @@ def corpus_scores(
                 tail_here = (1 - here_p.sum(-1)).clamp_min(1e-12)
                 kl = (base_p * (base_lp - here)).sum(-1) + tail_base * (tail_base.log() - tail_here.log())
                 kls.append(float(kl.clamp_min(0).sum()))
+        if report:
+            report(len(batch))
     return nll, tokens, (kls if reference is not None else None), (kept if keep_top_k else None)
 
 
@@ -252,6 +269,23 @@ def _cache_dir() -> Path:
 _REFERENCES: dict[str, TopK] = {}
 
 
+def _reference(key: str) -> TopK | None:
+    """The base model's top-k under ``key``: kept in this process, else read from the cache (the evaluation's
+    other process scored the base)."""
+    if key not in _REFERENCES:
+        stored = _cache_dir() / f"{key}.pt"
+        if stored.is_file():
+            _REFERENCES[key] = TopK(**torch.load(stored))
+    return _REFERENCES.get(key)
+
+
+def forgetting_items(settings: EvaluationSettings) -> int:
+    """How many passages and questions one model's forgetting check scores (what its share of a bar counts)."""
+    return len(load_corpus(settings.general_corpus or DEFAULT_CORPUS)) + len(
+        load_questions(settings.general_questions or DEFAULT_QUESTIONS)
+    )
+
+
 def general_ability(
     model: Any,
     tokenizer: Any,
@@ -262,10 +296,12 @@ def general_ability(
     model_key: str | None = None,
     base_key: str | None = None,
     stock: bool = False,
+    report: Callable[[int], None] | None = None,
 ) -> GeneralAbility:
     """One model's general ability. ``model_key``: a fingerprint of the model (base folder + adapter) under which
     the result is cached (the base and registered versions; None: not cached). ``base_key``: the base model's
-    key, whose top-k log-probabilities give the KL (None for the base itself). ``stock``: no packed layers."""
+    key, whose top-k log-probabilities give the KL (None for the base itself; read from the cache when another
+    process scored the base). ``stock``: no packed layers. ``report(n)``: n more passages or questions scored."""
     sets = fingerprint(corpus, questions, extra=f"{precision}:{TOP_K}:v2")
     key = f"{model_key}-{sets}" if model_key else None
     cached = _cache_dir() / f"{key}.json" if key else None
@@ -277,7 +313,7 @@ def general_ability(
             _REFERENCES[key] = TopK(**torch.load(cached.with_suffix(".pt")))
         if key in _REFERENCES:
             return ability
-    reference = _REFERENCES.get(f"{base_key}-{sets}") if base_key else None
+    reference = _reference(f"{base_key}-{sets}") if base_key else None
     if base_key and reference is None:
         logger.warning("no base log-probabilities for the KL (the base model is scored first); KL not measured")
     texts, items = load_corpus(corpus), load_questions(questions)
@@ -288,9 +324,11 @@ def general_ability(
         unpacked = stock or hasattr(model, "peft_config")
         packed = nullcontext() if unpacked else packed_for_inference(model, precision)
         with torch.inference_mode(), compute_autocast(precision), packed:
-            nll, tokens, kls, top = corpus_scores(model, tokenizer, texts, batch_size, reference, base_key is None)
+            nll, tokens, kls, top = corpus_scores(
+                model, tokenizer, texts, batch_size, reference, base_key is None, report
+            )
             if items and all("choices" in item for item in items):
-                correct = qa_by_likelihood(model, tokenizer, items, batch_size)
+                correct = qa_by_likelihood(model, tokenizer, items, batch_size, report)
             else:
                 correct = qa_by_generation(model, tokenizer, items, batch_size, precision, stock)
     finally:

@@ -48,5 +48,6 @@ _EXPORTS = {
     "pipeline_server_command": "sampling",
     "policy_sampler": "sampling",
     "resolve_backend": "sampling",
+    "samples_on_cpu": "sampling",
 }
 __getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -96,6 +96,14 @@ def pipeline_backend(config: Any) -> str:
     return resolve_backend(generation.backend, generation.vllm_mode)
 
 
+def samples_on_cpu(config: Any) -> bool:
+    """Whether a pipeline's models sample with transformers on the CPU (no CUDA, no vLLM engine): what may be
+    forked into a second process."""
+    import torch
+
+    return pipeline_backend(config) == "transformers" and not torch.cuda.is_available()
+
+
 def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
     """The in-process vLLM engine a pipeline uses (one spec per config, so its stages share one engine)."""
     import torch
@@ -118,8 +126,11 @@ def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
     )
 
 
-def policy_sampler(config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int) -> PolicySampler:
-    """The sampler the pipeline's backend gives for a base model and an adapter (or none)."""
+def policy_sampler(
+    config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int, model: Any = None
+) -> PolicySampler:
+    """The sampler the pipeline's backend gives for a base model and an adapter (or none). ``model``: that policy,
+    already loaded, for the transformers engine (loaded here when None)."""
     from tasks.models.loading import load_policy, load_tokenizer
 
     tokenizer = load_tokenizer(base_model_dir)
@@ -136,7 +147,7 @@ def policy_sampler(config: Any, base_model_dir: Path, adapter_dir: Path | None, 
         return VllmSampler(shared_engine(pipeline_engine_spec(config, base_model_dir)), tokenizer, adapter_dir)
     from tasks.speedups import speedups_on
 
-    model = load_policy(base_model_dir, adapter_dir)
+    model = load_policy(base_model_dir, adapter_dir) if model is None else model
     stock = not speedups_on(config.grpo.speedups)
     return TransformersSampler(model, tokenizer, batch_size, config.model.precision, stock)
 

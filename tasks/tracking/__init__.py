@@ -23,6 +23,7 @@ _EXPORTS = {
     "lock_file_for": "locks",
     "bar_safe_console": "progress",
     "prompt_bar": "progress",
+    "work_bar": "progress",
     "publish_markdown": "reporting",
     "publish_table": "reporting",
     "tracked_stage": "reporting",

@@ -122,3 +122,25 @@ def prompt_bar(total: int, description: str) -> Iterator[Callable[[int, int], No
             yield progress
     finally:
         bar.close()
+
+
+@contextmanager
+def work_bar(total: int, description: str, unit: str = "item") -> Iterator[Callable[[int], None] | None]:
+    """An ``advance(units)`` callback drawn as one bar of ``total`` units of work (a stage's jobs together), with
+    the rate and time left, log lines above it; ``None`` under ``--quiet``, with nothing to count, or inside
+    another bar. More units than ``total`` grow the bar."""
+    if console_is_quiet() or total <= 0 or bar_is_drawn():
+        yield None
+        return
+    bar: Any = tqdm(total=total, desc=description, unit=unit, leave=False, dynamic_ncols=True)
+
+    def advance(units: int) -> None:
+        if bar.n + units > bar.total:
+            bar.total = bar.n + units
+        bar.update(units)
+
+    try:
+        with bar_safe_console():
+            yield advance
+    finally:
+        bar.close()
