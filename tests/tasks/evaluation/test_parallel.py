@@ -90,8 +90,8 @@ def _evaluated(config, split, models, folder, processes: int) -> str:
     settings = config.evaluation.model_copy(update={"cache": False, "processes": processes})
     result = run_evaluate(config.model_copy(update={"evaluation": settings}), split.holdout_path, models, folder)
     everything = {
-        name: [s.per_prompt_pass1, s.per_prompt_greedy, s.pass_at_k, s.samples, s.general.doc_nll, s.general.doc_kl,
-               s.general.qa_correct]  # fmt: skip
+        name: [s.per_prompt_pass1, s.per_prompt_greedy, s.pass_at_k, s.samples]
+        + [s.general.doc_nll, s.general.doc_kl, s.general.qa_correct]
         for name, s in result.scores.items()
     }
     table = result.to_json()
