@@ -20,35 +20,27 @@ import numpy as np
 
 from tasks.config import PipelineConfig
 from tasks.evaluation import (
-    DEFAULT_CORPUS,
-    DEFAULT_QUESTIONS,
+    Completions,
     GeneralAbility,
+    Job,
+    PolicyShelf,
     bootstrap_interval,
     evaluation_table,
-    fingerprint,
     forgetting_drop,
     forgetting_items,
+    forgetting_job,
     forgetting_metrics,
-    general_ability,
     general_questions_trained_on,
-    model_content_key,
     paired_difference,
     pass_at_k,
     pass_at_k_curve,
-    sample_for_evaluation,
+    processes_for,
+    run_jobs,
+    sampling_job,
     score_groups,
 )
-from tasks.evaluation.parallel import Job, Report, processes_for, run_jobs
-from tasks.inputs import prompt_text, read_jsonl, render_prompt
-from tasks.models import (
-    GenerationStats,
-    load_policy,
-    load_tokenizer,
-    pipeline_backend,
-    policy_sampler,
-    samples_on_cpu,
-)
-from tasks.speedups import speedups_on
+from tasks.inputs import prompt_text, read_jsonl
+from tasks.models import samples_on_cpu
 from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage, work_bar
 from tasks.training import LEDGER_DIR, sample_rows, write_part
 
@@ -166,20 +158,17 @@ def score_models(
     are those of one process. The forgetting checks of adapters wait for the base model's (its log-probabilities
     give their KL). One bar shows all the work."""
     settings = config.evaluation
-    shelf = _Shelf()
+    shelf = PolicyShelf()
     base_job = next((f"forgetting {key}" for key, spec in specs.items() if spec.adapter_dir is None), None)
     jobs: list[Job] = []
     for key, spec in specs.items():
         if settings.forgetting:
             after = (base_job,) if spec.adapter_dir is not None and base_job else ()
-            jobs.append(Job(f"forgetting {key}", partial(_forgetting_job, config, spec, shelf), after))
-        jobs.append(Job(f"sampling {key}", partial(_sampling_job, config, spec, rows, shelf)))
-    import torch
-
-    processes = processes_for(settings.processes, len(jobs), samples_on_cpu(config), torch.get_num_threads())
+            jobs.append(Job(f"forgetting {key}", partial(forgetting_job, config, spec, shelf), after))
+        jobs.append(Job(f"sampling {key}", partial(sampling_job, config, spec, rows, shelf)))
+    processes = processes_for(settings.processes, len(jobs), samples_on_cpu(config))
     units = len(specs) * len(rows) + (len(specs) * forgetting_items(settings) if settings.forgetting else 0)
-    names = ", ".join(spec.name for spec in specs.values())
-    with work_bar(units, f"evaluate {names}", "item") as advance:
+    with work_bar(units, "evaluate " + ", ".join(spec.name for spec in specs.values()), "item") as advance:
         results = run_jobs(jobs, processes, advance)
     return {
         key: _assemble(config, spec, rows, results[f"sampling {key}"], results.get(f"forgetting {key}"), ledger_dir)
@@ -187,102 +176,11 @@ def score_models(
     }
 
 
-class _Shelf:
-    """The policy last loaded in this process: a model's sampling and forgetting check share it (one model kept
-    at a time; a forked worker gets its own copy of the shelf)."""
-
-    def __init__(self) -> None:
-        self.key: tuple[Path, Path | None] | None = None
-        self.model: Any = None
-
-    def policy(self, spec: ModelSpec) -> Any:
-        key = (spec.base_model_dir, spec.adapter_dir)
-        if key != self.key:
-            self.key, self.model = None, None  # the last one freed before the next loads
-            self.model, self.key = load_policy(spec.base_model_dir, spec.adapter_dir), key
-        return self.model
-
-
-@dataclass
-class _Sampled:
-    greedy: list[list[str]]
-    sampled: list[list[str]]
-    stats: GenerationStats
-    backend: str
-
-
-def _sampling_job(
-    config: PipelineConfig, spec: ModelSpec, rows: list[dict[str, Any]], shelf: _Shelf, report: Report
-) -> _Sampled:
-    """One model's greedy and sampled completions of ``rows`` (from the evaluation cache when it has them)."""
-    settings = config.evaluation
-    model = shelf.policy(spec) if pipeline_backend(config) == "transformers" else None
-    sampler = policy_sampler(config, spec.base_model_dir, spec.adapter_dir, settings.batch_size, model=model)
-    logger.info("evaluate %s: sampling %d prompts, greedy + %d samples each, with %s", spec.name, len(rows),
-                settings.n_samples, sampler.backend)  # fmt: skip
-    prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
-    stats = GenerationStats()
-    counted = _Counted(report, len(rows))
-    greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, counted.progress)
-    counted.finish()
-    return _Sampled(greedy, sampled, stats, sampler.backend)
-
-
-def _forgetting_job(config: PipelineConfig, spec: ModelSpec, shelf: _Shelf, report: Report) -> GeneralAbility:
-    """One model's general ability (the forgetting check). The base model is cached by its fingerprint,
-    registered versions by their adapter's bytes (downloaded afresh each run: a key by file times would never
-    hit); a fresh adapter by its bytes under evaluation.cache (a same-seed rerun's adapters), else scored again."""
-    settings = config.evaluation
-    base_key = fingerprint(spec.base_model_dir)
-    model_key = base_key if spec.adapter_dir is None else None
-    if spec.adapter_dir is not None and (spec.registered_version is not None or settings.cache):
-        model_key = model_content_key(spec.base_model_dir, spec.adapter_dir)
-    logger.info("evaluate %s: the forgetting probe", spec.name)
-    counted = _Counted(report, forgetting_items(settings))
-    # Forgetting scores likelihoods: the transformers model, whichever engine sampled.
-    general = general_ability(
-        shelf.policy(spec),
-        load_tokenizer(spec.base_model_dir),
-        settings.general_corpus or DEFAULT_CORPUS,
-        settings.general_questions or DEFAULT_QUESTIONS,
-        batch_size=settings.batch_size,
-        precision=config.model.precision,
-        model_key=model_key,
-        base_key=None if spec.adapter_dir is None else base_key,
-        stock=not speedups_on(config.grpo.speedups),
-        report=counted.add,
-    )
-    counted.finish()
-    return general
-
-
-class _Counted:
-    """A job's share of the bar: what it reports, topped up to ``units`` when it ends (a cached result reports
-    nothing). ``progress(done, of)`` takes a sampler's passes over the prompts (a new pass starts below the
-    last ``done``)."""
-
-    def __init__(self, report: Report, units: int) -> None:
-        self.report, self.units, self.reported, self.last = report, units, 0, 0
-
-    def add(self, units: int) -> None:
-        units = min(units, self.units - self.reported)
-        if units > 0:
-            self.reported += units
-            self.report(units)
-
-    def progress(self, done: int, of: int) -> None:
-        self.add(done - self.last if done >= self.last else done)
-        self.last = done
-
-    def finish(self) -> None:
-        self.add(self.units - self.reported)
-
-
 def _assemble(
     config: PipelineConfig,
     spec: ModelSpec,
     rows: list[dict[str, Any]],
-    sampled: _Sampled,
+    sampled: Completions,
     general: GeneralAbility | None,
     ledger_dir: Path | None,
 ) -> ModelScores:
@@ -292,10 +190,8 @@ def _assemble(
     sampled_scores = score_groups(config, rows, sampled.sampled)
     greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
     if ledger_dir is not None:
-        for kind, completions, scored in (
-            ("greedy", sampled.greedy, greedy_scores),
-            ("sampled", sampled.sampled, sampled_scores),
-        ):
+        for kind, completions, scored in (("greedy", sampled.greedy, greedy_scores),
+                                          ("sampled", sampled.sampled, sampled_scores)):  # fmt: skip
             role = f"eval_{spec.name}" + ("_greedy" if kind == "greedy" else "")
             ledger = sample_rows(role, rows, completions, scored["per_function"], scored["total"], sampled.backend)
             write_part(ledger_dir, ledger, f"eval-{spec.name}-{kind}")

@@ -218,10 +218,9 @@ Scorer = Callable[[PipelineConfig, Path, dict[str, Any]], dict[str, Any]]
 
 def score_with_evaluation(config: PipelineConfig, holdout_path: Path, specs: dict[str, Any]) -> dict[str, Any]:
     """The evaluation stage's own scoring, every model on the same hold-out prompts and samples."""
-    from tasks.evaluate import holdout_rows, score_model
+    from tasks.evaluate import holdout_rows, score_models
 
-    rows = holdout_rows(config, holdout_path)
-    return {role: score_model(config, spec, rows) for role, spec in specs.items()}
+    return score_models(config, specs, holdout_rows(config, holdout_path))
 
 
 def watch_scores(config: PipelineConfig, by_role: dict[str, Any]) -> WatchScores:

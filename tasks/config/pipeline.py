@@ -51,6 +51,7 @@ ADDED_LATER = (
     "grpo.ledger_flush_steps",
     "promotion.block_on_audit",
     "evaluation.cache",
+    "evaluation.processes",
 )
 
 

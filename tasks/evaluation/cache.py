@@ -33,8 +33,6 @@ def model_content_key(base_model_dir: Path, adapter_dir: Path | None) -> str:
     >>> model_content_key(folder, folder) == model_content_key(folder, folder), len(model_content_key(folder, None))
     (True, 20)
     """
-    from tasks.evaluation.forgetting import fingerprint
-
     digest = hashlib.sha256(fingerprint(base_model_dir).encode())
     if adapter_dir is not None:
         for file in sorted(p for p in Path(adapter_dir).rglob("*") if p.is_file() and p.name in _MODEL_FILES):
@@ -69,6 +67,22 @@ def _canonical_adapter_config(text: str) -> str:
         if isinstance(config.get(key), list):
             config[key] = sorted(config[key], key=str)
     return json.dumps(config, sort_keys=True)
+
+
+def fingerprint(*paths: Path | None, extra: str = "") -> str:
+    """A content key for caching: file bytes for small files, name/size/mtime for weights."""
+    digest = hashlib.sha256(extra.encode())
+    for path in paths:
+        if path is None:
+            continue
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+        for file in files:
+            stat = file.stat()
+            if stat.st_size < 2**20:
+                digest.update(file.read_bytes())
+            else:
+                digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
 
 
 def completions_key(model_key: str, prompts: list[str], settings: dict[str, Any]) -> str:

@@ -10,7 +10,6 @@ Must not import: Prefect, MLflow, the stages."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from tasks.config import EvaluationSettings
+from tasks.evaluation.cache import fingerprint
 from tasks.evaluation.statistics import overlapping_questions
 from tasks.inputs import prompt_text, read_jsonl, render_prompt
 from tasks.models import compute_autocast, generate_completions
@@ -244,22 +244,6 @@ def corpus_scores(
     return nll, tokens, (kls if reference is not None else None), (kept if keep_top_k else None)
 
 
-def fingerprint(*paths: Path | None, extra: str = "") -> str:
-    """A content key for caching: file bytes for small files, name/size/mtime for weights."""
-    digest = hashlib.sha256(extra.encode())
-    for path in paths:
-        if path is None:
-            continue
-        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
-        for file in files:
-            stat = file.stat()
-            if stat.st_size < 2**20:
-                digest.update(file.read_bytes())
-            else:
-                digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:20]
-
-
 def _cache_dir() -> Path:
     from tasks.models import cache_dir
 
@@ -277,13 +261,6 @@ def _reference(key: str) -> TopK | None:
         if stored.is_file():
             _REFERENCES[key] = TopK(**torch.load(stored))
     return _REFERENCES.get(key)
-
-
-def forgetting_items(settings: EvaluationSettings) -> int:
-    """How many passages and questions one model's forgetting check scores (what its share of a bar counts)."""
-    return len(load_corpus(settings.general_corpus or DEFAULT_CORPUS)) + len(
-        load_questions(settings.general_questions or DEFAULT_QUESTIONS)
-    )
 
 
 def general_ability(

@@ -42,7 +42,7 @@ class JobFailed(RuntimeError):
     """A job raised in the worker process: its traceback is the message."""
 
 
-def processes_for(setting: int | str, jobs: int, cpu_only: bool, threads: int) -> int:
+def processes_for(setting: int | str, jobs: int, cpu_only: bool, threads: int | None = None) -> int:
     """How many processes run ``jobs`` jobs: ``setting`` when it is a number, else (``auto``) two where there are
     two jobs or more, the models run on the CPU (a forked CUDA or vLLM engine is not usable) and torch has two
     threads or more to share; never more processes than jobs.
@@ -54,6 +54,10 @@ def processes_for(setting: int | str, jobs: int, cpu_only: bool, threads: int) -
     """
     if setting != "auto":
         return max(1, min(int(setting), 2, jobs))
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
     return 2 if jobs >= 2 and cpu_only and threads >= 2 and _can_fork() else 1
 
 
@@ -199,6 +203,7 @@ class _Board:
                         self._fail(JobFailed(f"evaluation job {self.jobs[index].name} failed:\n{payload}"))
                 index = None
         except (EOFError, OSError) as exc:
+            worker.join(timeout=5)  # its exit code, for the message
             with self.changed:
                 if index is not None:
                     self.pending.insert(0, index)

@@ -15,10 +15,15 @@ from tasks.evaluation.parallel import JobFailed
 HERE = os.getpid()
 
 
-def _timed(name: str, seconds: float = 0.3):
+def _pause() -> None:
+    """A job's start: long in this process, so that the worker surely takes the other job meanwhile."""
+    time.sleep(1.5 if os.getpid() == HERE else 0.1)
+
+
+def _timed(name: str):
     def run(report):
         started = time.time()
-        time.sleep(seconds)
+        _pause()
         report(1)
         return {"name": name, "pid": os.getpid(), "start": started, "end": time.time()}
 
@@ -38,7 +43,7 @@ def test_two_processes_share_the_jobs_and_keep_their_order() -> None:
 
 def test_a_job_that_fails_in_the_worker_raises_here_with_its_traceback() -> None:
     def fails_in_worker(report):
-        time.sleep(0.3)
+        _pause()
         if os.getpid() != HERE:
             raise ValueError("boom in the worker")
         return "here"
@@ -49,7 +54,7 @@ def test_a_job_that_fails_in_the_worker_raises_here_with_its_traceback() -> None
 
 def test_a_job_that_fails_here_raises_as_itself() -> None:
     def fails_here(report):
-        time.sleep(0.3)
+        _pause()
         if os.getpid() == HERE:
             raise KeyError("here")
         return "worker"
@@ -60,7 +65,7 @@ def test_a_job_that_fails_here_raises_as_itself() -> None:
 
 def test_a_dead_worker_leaves_its_job_to_this_process(caplog) -> None:
     def dies_in_worker(report):
-        time.sleep(0.3)
+        _pause()
         if os.getpid() != HERE:
             os._exit(3)
         return os.getpid()
@@ -73,7 +78,7 @@ def test_a_dead_worker_leaves_its_job_to_this_process(caplog) -> None:
 
 def test_the_workers_log_lines_arrive_here(caplog) -> None:
     def logs(report):
-        time.sleep(0.3)
+        _pause()
         logging.getLogger("tasks.evaluate").info("job ran in %s", "worker" if os.getpid() != HERE else "parent")
 
     with caplog.at_level(logging.INFO, logger="tasks.evaluate"):
