@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +19,17 @@ import numpy as np
 
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop
-from tasks.evaluation import score_groups
+from tasks.evaluation import Job, JobShare, processes_for, run_jobs, score_groups
 from tasks.inputs import read_jsonl, render_prompt, write_jsonl
-from tasks.models import GenerationStats, policy_sampler
+from tasks.models import GenerationStats, policy_sampler, samples_on_cpu
 from tasks.tracking import (
     Tracker,
     emit_pipeline_event,
     prefect_task,
-    prompt_bar,
     publish_markdown,
     publish_table,
     tracked_stage,
+    work_bar,
 )
 from tasks.training import LEDGER_DIR, sample_rows, write_part
 
@@ -166,6 +169,32 @@ def _histogram(result: ProbeResult, totals: np.ndarray, path: Path) -> Path:
     return path
 
 
+def sample_probe(
+    config: PipelineConfig, sampler: Any, prompts: list[str], report: Callable[[int], None] | None
+) -> tuple[list[list[str]], GenerationStats]:
+    """``grpo.num_generations`` completions of each prompt, as GRPO samples them. Where models sample with
+    transformers on a CPU with two torch threads or more (``probe.processes``), this process and a forked worker
+    take every other batch (``tasks.evaluation.parallel``); each batch draws from its own seed, so the completions
+    are those of one process."""
+    settings = {"n": config.grpo.num_generations, "temperature": config.grpo.temperature,
+                "max_new_tokens": config.grpo.max_completion_length, "seed": config.seed}  # fmt: skip
+    parts = processes_for(config.probe.processes, 2, samples_on_cpu(config)) if sampler.backend == "transformers" else 1
+    started = time.perf_counter()
+
+    def sample_part(index: int, share: Callable[[int], None]) -> tuple[list[list[str]], GenerationStats]:
+        stats, counted = GenerationStats(), JobShare(share, len(prompts))
+        split = {"part": (index, parts)} if parts > 1 else {}
+        return sampler.sample(prompts, stats=stats, progress=counted.progress, **settings, **split), stats
+
+    results = run_jobs([Job(f"part {i}", partial(sample_part, i)) for i in range(parts)], parts, report)
+    parts_done = list(results.values())
+    completions = [next((done[i] for done, _ in parts_done if done[i]), []) for i in range(len(prompts))]
+    sequences, new_tokens = (
+        sum(getattr(stats, name) for _, stats in parts_done) for name in ("sequences", "new_tokens")
+    )
+    return completions, GenerationStats(sequences, new_tokens, time.perf_counter() - started)
+
+
 def run_probe(
     config: PipelineConfig,
     train_path: Path,
@@ -178,18 +207,9 @@ def run_probe(
     rows = read_jsonl(train_path)
     rows = random.Random(config.seed).sample(rows, min(config.probe.num_prompts, len(rows)))
     sampler = policy_sampler(config, base_model_dir, adapter_dir, config.probe.batch_size)
-    tokenizer = sampler.tokenizer
-    stats = GenerationStats()
-    with prompt_bar(len(rows), f"probe {label}") as progress:
-        completions = sampler.sample(
-            [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows],
-            n=config.grpo.num_generations,
-            temperature=config.grpo.temperature,
-            max_new_tokens=config.grpo.max_completion_length,
-            seed=config.seed,
-            stats=stats,
-            progress=progress,
-        )
+    prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
+    with work_bar(len(rows), f"probe {label}", "prompt") as advance:
+        completions, stats = sample_probe(config, sampler, prompts, advance)
     logger.info("probe %s sampled with %s", label, sampler.backend)
     scores = score_groups(config, rows, completions)
     ledger = sample_rows(f"probe_{label}", rows, completions, scores["per_function"], scores["total"], sampler.backend)

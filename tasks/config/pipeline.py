@@ -52,6 +52,7 @@ ADDED_LATER = (
     "promotion.block_on_audit",
     "evaluation.cache",
     "evaluation.processes",
+    "probe.processes",
 )
 
 

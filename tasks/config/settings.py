@@ -233,6 +233,7 @@ class ProbeSettings(_Strict):
         None, description="Keep for GRPO only prompts whose SFT-probe pass rate lies in [low, high]."
     )
     batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
+    processes: Literal["auto", 1, 2] = Field("auto", description="As evaluation.processes: every other batch.")
 
 
 class EvaluationSettings(_Strict):

@@ -17,6 +17,7 @@ _EXPORTS = {
     "fingerprint": "cache",
     "forgetting_items": "jobs",
     "Completions": "jobs",
+    "JobShare": "jobs",
     "PolicyShelf": "jobs",
     "forgetting_job": "jobs",
     "sampling_job": "jobs",

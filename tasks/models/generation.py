@@ -64,6 +64,7 @@ def generate_completions(
     precision: str = "fp32",
     stock: bool = False,
     greedy_first: bool = False,
+    part: tuple[int, int] = (0, 1),
 ) -> list[list[str]]:
     """``n`` completions for each rendered prompt, in prompt order. Same seed and batch size → same output.
 
@@ -71,12 +72,15 @@ def generate_completions(
     ``stock`` (``speedups: off``): transformers' own ``generate``, no packed layers, no shared prefill.
     ``greedy_first``: each prompt's greedy completion first, then its ``n`` samples, decoded together from one
     prefill (evaluation's two passes in one); the samples are drawn as without it (same batches, same seeds).
+    ``part`` ``(i, n)``: only the batches whose number is ``i`` modulo ``n`` (other prompts get no completions;
+    ``progress`` counts this part's prompts). Each batch draws from its own seed, so ``n`` processes sampling one
+    part each give together what one process gives.
     """
     if not prompts:
         return []
     if greedy_first and (greedy or stock):  # transformers' generate decodes one way per call: two passes
         common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "progress": progress,
-                  "stats": stats, "precision": precision, "stock": stock}  # fmt: skip
+                  "stats": stats, "precision": precision, "stock": stock, "part": part}  # fmt: skip
         first = generate_completions(model, tokenizer, prompts, greedy=True, **common)
         rest = [] if greedy else generate_completions(model, tokenizer, prompts, n=n, temperature=temperature, **common)
         return [g + r for g, r in zip(first, rest or [[] for _ in prompts], strict=True)]
@@ -98,9 +102,11 @@ def generate_completions(
     was_training = model.training
     model.eval()
     new_tokens = 0
+    starts = [(n, start) for n, start in enumerate(range(0, len(order), prompts_per_batch)) if n % part[1] == part[0]]
+    ours, done = sum(len(order[start : start + prompts_per_batch]) for _, start in starts), 0
     try:
         with nullcontext() if stock else packed_for_inference(model, precision):
-            for batch_number, start in enumerate(range(0, len(order), prompts_per_batch)):
+            for batch_number, start in starts:
                 indices = order[start : start + prompts_per_batch]
                 torch.manual_seed(seed + batch_number)
                 with torch.inference_mode(), compute_autocast(precision):
@@ -115,14 +121,14 @@ def generate_completions(
                 texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for offset, index in enumerate(indices):
                     results[index] = texts[offset * rows_per_prompt : (offset + 1) * rows_per_prompt]
-                done = min(start + prompts_per_batch, len(order))
-                logger.debug("generated %d/%d prompts", done, len(order))
+                done += len(indices)
+                logger.debug("generated %d/%d prompts", done, ours)
                 if progress:
-                    progress(done, len(order))
+                    progress(done, ours)
     finally:
         model.train(was_training)
     if stats is not None:
-        stats.sequences += len(prompts) * rows_per_prompt
+        stats.sequences += ours * rows_per_prompt
         stats.new_tokens += new_tokens
         stats.seconds += time.perf_counter() - started
     return results

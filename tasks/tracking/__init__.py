@@ -22,7 +22,6 @@ _EXPORTS = {
     "local_store_path": "locks",
     "lock_file_for": "locks",
     "bar_safe_console": "progress",
-    "prompt_bar": "progress",
     "work_bar": "progress",
     "publish_markdown": "reporting",
     "publish_table": "reporting",

@@ -80,50 +80,6 @@ def bar_is_drawn() -> bool:
     return _drawing > 0
 
 
-class PassCounter:
-    """Where several passes over the same prompts stand in all: a ``done`` below the last starts a new pass.
-
-    >>> passes = PassCounter()
-    >>> [passes.position(done, 4) for done in (2, 4, 1, 4)]
-    [2, 4, 5, 8]
-    """
-
-    def __init__(self) -> None:
-        self.finished = self.last = self.of = 0
-
-    def position(self, done: int, of: int) -> int:
-        if done < self.last:
-            self.finished += self.of
-        self.last, self.of = done, of
-        return self.finished + done
-
-
-@contextmanager
-def prompt_bar(total: int, description: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A ``progress(done, of)`` callback drawn as one bar of ``total`` prompts, with the rate and time left, log
-    lines above it; ``None`` under ``--quiet``, with nothing to count, or inside another bar. Further passes
-    over the prompts (greedy, then sampled, on an engine that decodes one way per call) add to the bar
-    (``PassCounter``)."""
-    if console_is_quiet() or total <= 0 or bar_is_drawn():
-        yield None
-        return
-    bar: Any = tqdm(total=total, desc=description, unit="prompt", leave=False, dynamic_ncols=True)
-
-    passes = PassCounter()
-
-    def progress(done: int, of: int) -> None:
-        position = passes.position(done, of)
-        if passes.finished + of > bar.total:  # a further pass over the prompts: the bar grows by it
-            bar.total = passes.finished + of
-        bar.update(position - bar.n)
-
-    try:
-        with bar_safe_console():
-            yield progress
-    finally:
-        bar.close()
-
-
 @contextmanager
 def work_bar(total: int, description: str, unit: str = "item") -> Iterator[Callable[[int], None] | None]:
     """An ``advance(units)`` callback drawn as one bar of ``total`` units of work (a stage's jobs together), with

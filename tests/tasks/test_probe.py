@@ -48,3 +48,20 @@ def test_pass_rate_filter_keeps_exactly_the_band(band) -> None:
     result = ProbeResult("sft", 9, 8, 0.0, 0.0, {}, 1.0, 0, 0, 0.5, rates)
     kept = pass_rate_filter(result, band)
     assert kept == {k for k, v in rates.items() if band[0] <= v <= band[1]}
+
+
+def test_two_processes_sample_what_one_samples(tiny_config, tiny_split, tiny_model_dir, tmp_path, caplog) -> None:
+    """Every other batch in a forked worker: the same completions and rewards, prompt for prompt."""
+    config = _with_rewards(tiny_config, [{"name": "length_closeness"}])
+
+    def probe(processes: int, folder: str):
+        probe_settings = config.probe.model_copy(update={"processes": processes, "batch_size": 8})
+        return run_probe(config.model_copy(update={"probe": probe_settings}), tiny_split.train_path, tiny_model_dir,
+                         None, tmp_path / folder, "base")  # fmt: skip
+
+    one = probe(1, "one")
+    with caplog.at_level("INFO", logger="tasks.evaluation.parallel"):
+        two = probe(2, "two")
+    assert "in 2 processes" in caplog.text
+    assert Path(one.samples_path).read_text() == Path(two.samples_path).read_text()
+    assert one.reward_mean == two.reward_mean and one.prompts > 8 // config.grpo.num_generations  # several batches

@@ -113,3 +113,16 @@ def test_greedy_first_decodes_both_passes_at_once_with_the_same_answers(tiny_mod
     assert [each[1:] for each in both] == sampled
     assert len({t for texts in sampled for t in texts}) > 6  # the samples do differ (not all greedy)
     assert stats.sequences == len(prompts) * 4
+
+
+def test_parts_of_the_batches_add_up_to_the_whole(tiny_model, tiny_model_dir: Path) -> None:  # noqa: ANN001
+    """``part=(i, n)`` samples only every n-th batch: the parts together are one call's completions."""
+    from tasks.models import generate_completions, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompts = [f"{a} + {a * 3} =" for a in range(7)]
+    common = {"n": 2, "max_new_tokens": 5, "batch_size": 4, "seed": 3}  # two prompts a batch: four batches
+    whole = generate_completions(tiny_model, tokenizer, prompts, **common)
+    parts = [generate_completions(tiny_model, tokenizer, prompts, part=(i, 2), **common) for i in range(2)]
+    assert all(bool(a) != bool(b) for a, b in zip(*parts, strict=True))  # each prompt in exactly one part
+    assert [a or b for a, b in zip(*parts, strict=True)] == whole

@@ -4,8 +4,8 @@ import sys
 import pytest
 from tqdm.auto import tqdm
 
-from tasks.tracking import bar_safe_console, prompt_bar
-from tasks.tracking.progress import PassCounter, bar_is_drawn
+from tasks.tracking import bar_safe_console, work_bar
+from tasks.tracking.progress import bar_is_drawn
 
 
 def _line_after_bar(capsys: pytest.CaptureFixture, safe: bool) -> tuple[str, str, logging.Handler]:
@@ -41,29 +41,22 @@ def test_without_it_the_line_would_share_the_bar_s_line(capsys) -> None:
     assert before.rstrip().endswith("it/s]")  # glued to the bar: what bar_safe_console prevents
 
 
-def test_no_prompt_bar_under_quiet_inside_another_bar_or_for_nothing(monkeypatch) -> None:
-    with prompt_bar(0, "nothing") as progress:
-        assert progress is None
-    with bar_safe_console(), prompt_bar(10, "inside") as progress:
-        assert progress is None
+def test_no_work_bar_under_quiet_inside_another_bar_or_for_nothing(monkeypatch) -> None:
+    with work_bar(0, "nothing") as advance:
+        assert advance is None
+    with bar_safe_console(), work_bar(10, "inside") as advance:
+        assert advance is None
     monkeypatch.setenv("GRPOFLOW_CONSOLE", "quiet")
-    with prompt_bar(10, "quiet") as progress:
-        assert progress is None
+    with work_bar(10, "quiet") as advance:
+        assert advance is None
 
 
-def test_a_prompt_bar_counts_every_pass_and_leaves_no_bar_behind(capsys) -> None:
-    with prompt_bar(4, "evaluate base") as progress:
-        assert progress is not None and bar_is_drawn()
+def test_a_work_bar_counts_units_grows_past_its_total_and_leaves_no_bar_behind(capsys) -> None:
+    with work_bar(4, "evaluate base", "item") as advance:
+        assert advance is not None and bar_is_drawn()
         (bar,) = [each for each in tqdm._instances if each.desc.startswith("evaluate base")]
-        for done in (2, 4):
-            progress(done, 4)
-        assert (bar.n, bar.total) == (4, 4)
-        for done in (2, 4):  # a second pass (greedy, then sampled) grows the bar
-            progress(done, 4)
-        assert (bar.n, bar.total) == (8, 8)
+        advance(3)
+        assert (bar.n, bar.total) == (3, 4)
+        advance(3)  # more work than announced: the bar grows
+        assert (bar.n, bar.total) == (6, 6)
     assert not bar_is_drawn()
-
-
-def test_passes_add_up() -> None:
-    passes = PassCounter()
-    assert [passes.position(d, 3) for d in (3, 1, 3, 3)] == [3, 4, 6, 6]
