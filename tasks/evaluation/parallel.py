@@ -1,7 +1,8 @@
-"""Evaluation's jobs on both halves of the machine: this process and one forked worker, each with half the torch
-threads, take the next job whose dependencies are done. On a small CPU, one model's decoding does not keep two
-threads busy (bench/README: sampling runs 1.5× faster on two threads than on one, the likelihood passes 1.8×), so
-two jobs side by side finish sooner than each on both threads in turn.
+"""Jobs on both halves of the machine (evaluation's sampling and forgetting check of each model, the probes'
+batches): this process and one forked worker, each with half the torch threads, take the next job whose
+dependencies are done. On a small CPU, one model's decoding does not keep two threads busy (docs/performance.md:
+sampling runs 1.5× faster on two threads than on one, the likelihood passes 1.8×), so two jobs side by side finish
+sooner than each on both threads in turn.
 
 A job's result does not depend on the process or the thread count it ran with (tested: the evaluation table is
 the same to the bit with one process or two). The worker is forked when the jobs start, so it shares everything
@@ -81,6 +82,7 @@ def run_jobs(jobs: Sequence[Job], processes: int = 1, report: Report | None = No
     board = _Board(list(jobs), report or (lambda units: None))
     if processes <= 1 or len(jobs) < 2:
         board.run_here()
+        board.raise_failure()
         return board.results
     import torch
 
@@ -88,15 +90,21 @@ def run_jobs(jobs: Sequence[Job], processes: int = 1, report: Report | None = No
     share = max(1, threads // 2)
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
-    worker = context.Process(target=_worker, args=(list(jobs), theirs, share), name="grpoflow-evaluation", daemon=True)
-    torch.set_num_threads(share)
+    worker = context.Process(target=_worker, args=(list(jobs), theirs, share), name="grpoflow-worker", daemon=True)
     try:
         worker.start()
+    except OSError as exc:  # no memory or processes left for a fork: one process does it all
+        logger.warning("could not fork a worker (%s): one process runs every job", exc)
+        board.run_here()
+        board.raise_failure()
+        return board.results
+    torch.set_num_threads(share)
+    try:
         theirs.close()
         board.worker_alive = True  # before this process takes a job: it must not take the whole machine
         listener = threading.Thread(target=board.serve, args=(ours, worker), daemon=True)
         listener.start()
-        logger.info("evaluation: %d jobs in 2 processes, %d torch thread%s each", len(jobs), share,
+        logger.info("%d jobs (%s, ...) in 2 processes, %d torch thread%s each", len(jobs), jobs[0].name, share,
                     "" if share == 1 else "s")  # fmt: skip
         board.run_here(whole=threads)
         if board.failure is not None:  # a job failed: the worker's job is not waited for
@@ -208,7 +216,7 @@ class _Board:
                 if index is not None:
                     self.pending.insert(0, index)
                 if self.failure is None:
-                    logger.warning("the evaluation worker stopped (%s, exit code %s): this process goes on alone",
+                    logger.warning("the forked worker stopped (%s, exit code %s): this process goes on alone",
                                    type(exc).__name__, worker.exitcode)  # fmt: skip
         finally:
             with self.changed:
@@ -268,6 +276,8 @@ def _worker(jobs: list[Job], connection: Any, threads: int) -> None:
             started = time.perf_counter()
             try:
                 result = jobs[index].run(report)
+            except KeyboardInterrupt:  # Ctrl-C reached the whole process group: the stage's process raises it
+                raise
             except BaseException:  # noqa: BLE001 - sent to the stage's process, which raises it
                 with lock:
                     connection.send(("error", traceback.format_exc()))

@@ -73,7 +73,7 @@ def test_a_dead_worker_leaves_its_job_to_this_process(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="tasks.evaluation.parallel"):
         results = run_jobs([Job("x", dies_in_worker), Job("y", dies_in_worker)], processes=2)
     assert results == {"x": HERE, "y": HERE}
-    assert "evaluation worker stopped" in caplog.text and "exit code 3" in caplog.text
+    assert "forked worker stopped" in caplog.text and "exit code 3" in caplog.text
 
 
 def test_the_workers_log_lines_arrive_here(caplog) -> None:
@@ -84,6 +84,15 @@ def test_the_workers_log_lines_arrive_here(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="tasks.evaluate"):
         run_jobs([Job("x", logs), Job("y", logs)], processes=2)
     assert {"job ran in worker", "job ran in parent"} <= {r.getMessage() for r in caplog.records}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_failing_job_raises_in_one_process_or_two(processes) -> None:
+    def fails(report):
+        raise KeyError("no such row")
+
+    with pytest.raises((KeyError, JobFailed), match="no such row"):
+        run_jobs([Job("x", fails), Job("y", _timed("y"))], processes=processes)
 
 
 def test_unknown_dependencies_are_refused() -> None:
