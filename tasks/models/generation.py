@@ -102,7 +102,8 @@ def generate_completions(
     was_training = model.training
     model.eval()
     new_tokens = 0
-    starts = [(n, start) for n, start in enumerate(range(0, len(order), prompts_per_batch)) if n % part[1] == part[0]]
+    batches = enumerate(range(0, len(order), prompts_per_batch))
+    starts = [(number, start) for number, start in batches if number % part[1] == part[0]]  # this part's batches
     ours, done = sum(len(order[start : start + prompts_per_batch]) for _, start in starts), 0
     try:
         with nullcontext() if stock else packed_for_inference(model, precision):
