@@ -44,22 +44,24 @@ class JobFailed(RuntimeError):
 
 
 def processes_for(setting: int | str, jobs: int, cpu_only: bool, threads: int | None = None) -> int:
-    """How many processes run ``jobs`` jobs: ``setting`` when it is a number, else (``auto``) two where there are
-    two jobs or more, the models run on the CPU (a forked CUDA or vLLM engine is not usable) and torch has two
-    threads or more to share; never more processes than jobs.
+    """How many processes run ``jobs`` jobs: one where the models do not run on the CPU (a forked CUDA or vLLM
+    engine is not usable) or this system cannot fork; else ``setting`` when it is a number, or (``auto``) two where
+    there are two jobs or more and torch has two threads or more to share; never more processes than jobs.
 
     >>> processes_for("auto", 6, True, 2), processes_for("auto", 6, True, 1), processes_for("auto", 6, False, 8)
     (2, 1, 1)
-    >>> processes_for(1, 6, True, 2), processes_for(2, 1, True, 2)
-    (1, 1)
+    >>> processes_for(1, 6, True, 2), processes_for(2, 1, True, 2), processes_for(2, 6, False, 2)
+    (1, 1, 1)
     """
+    if not cpu_only or not _can_fork():
+        return 1
     if setting != "auto":
         return max(1, min(int(setting), 2, jobs))
     if threads is None:
         import torch
 
         threads = torch.get_num_threads()
-    return 2 if jobs >= 2 and cpu_only and threads >= 2 and _can_fork() else 1
+    return 2 if jobs >= 2 and threads >= 2 else 1
 
 
 def _can_fork() -> bool:
@@ -149,7 +151,7 @@ class _Board:
         return None
 
     def _finish(self, index: int, result: Any, seconds: float, where: str = "") -> None:
-        logger.debug("evaluation job %s done in %.1f s%s", self.jobs[index].name, seconds, where)
+        logger.debug("job %s done in %.1f s%s", self.jobs[index].name, seconds, where)
         self.results[self.jobs[index].name] = result
         self.done.add(self.jobs[index].name)
         self.changed.notify_all()
@@ -208,7 +210,7 @@ class _Board:
                     if kind == "done":
                         self._finish(index, payload[0], payload[1], " (worker)")
                     else:
-                        self._fail(JobFailed(f"evaluation job {self.jobs[index].name} failed:\n{payload}"))
+                        self._fail(JobFailed(f"job {self.jobs[index].name} failed in the forked worker:\n{payload}"))
                 index = None
         except (EOFError, OSError) as exc:
             worker.join(timeout=5)  # its exit code, for the message
