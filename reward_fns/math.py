@@ -19,8 +19,6 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
-from math_verify import LatexExtractionConfig, parse, verify
-
 from reward_fns.text import MAX_ANSWER_CHARS, Completion, boxed_contents, completion_text
 
 # math-verify's own timeout is off on purpose (SIGALRM works only in the main thread; grpoflow bounds the time of
@@ -86,7 +84,12 @@ def _timeout() -> int | None:
     return _TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
 
 
-_GOLD_CONFIG = [LatexExtractionConfig()]
+def load_math_verify() -> Any:
+    """math-verify, imported at its first use: it imports sympy and an ANTLR parser, a second that every command
+    (``--help``, the registry's) would otherwise pay at start-up."""
+    import math_verify
+
+    return math_verify
 
 
 def partial_parse(text: str) -> str | None:
@@ -99,7 +102,7 @@ def partial_parse(text: str) -> str | None:
     if parse_gold(text):
         return None
     try:
-        fragment = parse(f"${text}$", parsing_timeout=_timeout())
+        fragment = load_math_verify().parse(f"${text}$", parsing_timeout=_timeout())
     except Exception:
         return None
     values = [item for item in fragment if not isinstance(item, str)]
@@ -116,16 +119,19 @@ def parse_gold(gold: str) -> tuple[Any, ...]:
     (True, False, False)
     """
     try:
-        parsed = tuple(parse(f"${gold}$", extraction_config=_GOLD_CONFIG, parsing_timeout=_timeout()))
+        math_verify = load_math_verify()
+        config = [math_verify.LatexExtractionConfig()]
+        parsed = tuple(math_verify.parse(f"${gold}$", extraction_config=config, parsing_timeout=_timeout()))
     except Exception:
         return ()
     return parsed if any(not isinstance(item, str) for item in parsed) else ()
 
 
 def _parse_boxed(answer: str) -> list[Any]:
-    config = [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
+    math_verify = load_math_verify()
+    config = [math_verify.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
     try:
-        return parse(f"\\boxed{{{answer}}}", extraction_config=config, parsing_timeout=_timeout())
+        return math_verify.parse(f"\\boxed{{{answer}}}", extraction_config=config, parsing_timeout=_timeout())
     except Exception:
         return []
 
@@ -165,7 +171,7 @@ def boxed_verdict(answer: str, gold: str) -> float | None:
     if not any(not isinstance(item, str) for item in predicted):
         return 0.0
     try:
-        return float(verify(list(gold_parsed), predicted, timeout_seconds=_timeout()))
+        return float(load_math_verify().verify(list(gold_parsed), predicted, timeout_seconds=_timeout()))
     except Exception:
         return 0.0
 

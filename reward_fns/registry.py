@@ -27,7 +27,7 @@ from reward_fns.format import boxed_format, tag_count, think_answer_format
 from reward_fns.json_schema import json_match, json_schema
 from reward_fns.label import exact_match, label_match
 from reward_fns.length import length_closeness, repetition_penalty
-from reward_fns.math import boxed_match, math_accuracy
+from reward_fns.math import boxed_match, load_math_verify, math_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +204,9 @@ def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], 
     """Reward callables and their weights from config specs (``RewardSpec`` objects or plain dicts)."""
     functions: list[IsolatedReward] = []
     weights: list[float] = []
+    # math-verify is imported at first use; here, in the caller's thread, not inside a reward call's time budget
+    # (its import takes about a second the first time, and a budget would count it as the call's).
+    load_math_verify()
     for spec in specs:
         item = spec if isinstance(spec, Mapping) else spec.model_dump()
         name = item["name"]

@@ -232,3 +232,16 @@ def test_quiet_shows_only_the_result_and_verbose_shows_every_log_line(tmp_path: 
     assert "config:" not in quiet and "INFO" not in quiet
     # --verbose: the libraries' info lines too (Great Expectations' docs-site folder).
     assert "config: configs/tiny.yaml" in verbose and "Created temporary directory" in verbose
+
+
+def test_the_command_line_starts_without_the_heavy_stack() -> None:
+    """Every command imports the CLI first: neither torch nor math-verify's sympy may come with it (the registry
+    commands answer in about a second; math-verify is loaded where reward functions are built)."""
+    probe = (
+        "import sys, flows.cli; heavy = ('torch', 'transformers', 'sympy', 'math_verify'); "
+        "before = [m for m in heavy if m in sys.modules]; "
+        "from reward_fns.registry import build_reward_functions; build_reward_functions([{'name': 'math_accuracy'}]); "
+        "print(before, 'math_verify' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] True", out.stdout + out.stderr
