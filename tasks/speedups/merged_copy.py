@@ -4,6 +4,7 @@ Must not import: Prefect, MLflow, the stages."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -24,16 +25,14 @@ class MergedCopy:
 
     def __init__(self, policy: Any, dtype: torch.dtype) -> None:
         from peft.tuners.lora import LoraLayer
-        from transformers import AutoModelForCausalLM
 
         self.dtype = dtype
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-        # Its random initialisation (overwritten below) must not draw from the global generator: the trainer samples
-        # from it, and a resumed run builds this copy right before its first sample (the same adapter on --resume).
-        with torch.random.fork_rng(devices=[]):
-            self.model = AutoModelForCausalLM.from_config(
-                base.config, dtype=dtype, attn_implementation=attention_implementation()
-            ).to(next(base.parameters()).device)
+        # Every weight is overwritten below: the copy is built without its random initialisation (2.1 s of the demo's
+        # first GRPO step), unless some weight would be left unwritten.
+        self.model = _empty_copy(base, dtype, initialise=False)
+        if not _covers(self.model.state_dict(), base):
+            self.model = _empty_copy(base, dtype, initialise=True)
         self.model.generation_config = base.generation_config
         self.model.eval()
         target = self.model.state_dict()
@@ -41,9 +40,8 @@ class MergedCopy:
         self._lora: list[tuple[str, torch.Tensor, Any]] = []
         self._trainable: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
-            for key, value in base.state_dict(keep_vars=True).items():
-                key = key.replace(".base_layer.", ".")
-                if "lora_" in key or key not in target:
+            for key, value in _source_weights(base):
+                if key not in target:
                     continue
                 if key in lora_layers:
                     self._lora.append((key, target[key], lora_layers[key]))
@@ -68,6 +66,41 @@ class MergedCopy:
                 if key in self._packed:
                     self._packed[key].repack(weight)
         return self.model
+
+
+def _source_weights(base: Any) -> Any:
+    """The policy's weights under the plain model's names (LoRA's own matrices left out)."""
+    for key, value in base.state_dict(keep_vars=True).items():
+        if "lora_" not in key:
+            yield key.replace(".base_layer.", "."), value
+
+
+def _covers(target: dict[str, torch.Tensor], base: Any) -> bool:
+    """Whether the policy's weights write every tensor of the plain model's state (tied weights count once)."""
+    written = {target[key].data_ptr() for key, _ in _source_weights(base) if key in target}
+    return all(tensor.data_ptr() in written for tensor in target.values())
+
+
+def _empty_copy(base: Any, dtype: torch.dtype, initialise: bool) -> Any:
+    """A plain model of ``base``'s config in ``dtype``; ``initialise=False``: its weights left uninitialised
+    (transformers' ``no_init_weights``, where that exists), for a caller that writes all of them."""
+    from transformers import AutoModelForCausalLM
+
+    skip: Any = contextlib.nullcontext()
+    if not initialise:
+        try:
+            from transformers.initialization import no_init_weights
+
+            skip = no_init_weights()
+        except ImportError:
+            pass
+    # A random initialisation must not draw from the global generator: the trainer samples from it, and a resumed
+    # run builds this copy right before its first sample (the same adapter on --resume).
+    with torch.random.fork_rng(devices=[]), skip:
+        model = AutoModelForCausalLM.from_config(
+            base.config, dtype=dtype, attn_implementation=attention_implementation()
+        )
+    return model.to(next(base.parameters()).device)
 
 
 def _merge_into(target: torch.Tensor, module: Any, dtype: torch.dtype) -> None:

@@ -111,6 +111,47 @@ def test_merged_copy_computes_what_the_adapter_computes(tiny_model_dir: Path, ti
     assert not any("lora" in name for name, _ in copy.named_parameters())
 
 
+def test_merged_copy_built_without_its_random_initialisation_is_the_same(
+    tiny_model_dir: Path, tiny_adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy skips the initialisation it overwrites; where some weight would stay unwritten it initialises."""
+    import torch
+
+    import tasks.speedups.merged_copy as merged_copy
+    from tasks.models import load_policy
+
+    policy = load_policy(tiny_model_dir, tiny_adapter, trainable=True)
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05)
+    built: list[bool] = []
+    empty_copy, source_weights = merged_copy._empty_copy, merged_copy._source_weights
+
+    def spy(base, dtype, initialise):  # noqa: ANN001, ANN202
+        built.append(initialise)
+        return empty_copy(base, dtype, initialise)
+
+    monkeypatch.setattr(merged_copy, "_empty_copy", spy)
+    fast = merged_copy.MergedCopy(policy, torch.float32)
+    assert built == [False]
+    monkeypatch.setattr(merged_copy, "_empty_copy", lambda base, dtype, initialise: spy(base, dtype, True))
+    initialised = merged_copy.MergedCopy(policy, torch.float32)
+    inputs = torch.randint(3, 40, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(fast.model(input_ids=inputs).logits, initialised.model(input_ids=inputs).logits)
+    for (name, a), (_, b) in zip(fast.model.state_dict().items(), initialised.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    # A policy that would leave a weight unwritten (here: its norms not found) gets an initialised copy.
+    monkeypatch.setattr(merged_copy, "_empty_copy", spy)
+    monkeypatch.setattr(
+        merged_copy, "_source_weights", lambda base: [kv for kv in source_weights(base) if "norm" not in kv[0]]
+    )
+    built.clear()
+    merged_copy.MergedCopy(policy, torch.float32)
+    assert built == [False, True]
+
+
 def test_frozen_weights_stored_in_bf16_compute_the_same_under_autocast(
     tiny_model_dir: Path, tiny_adapter: Path
 ) -> None:
