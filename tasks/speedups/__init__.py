@@ -12,6 +12,7 @@ missing.
 - ``gguf_reading``: a GGUF file parsed once per conversion instead of once per transformers loading call.
 - ``grouped_attention``: grouped-query attention without the KV cache repeated and cast at every decoding step.
 - ``prefect_server``: Prefect's temporary server started while a run imports its stack (Prefect's private class).
+- ``allocator``: glibc told to keep the memory a run frees (``mallopt``; applied when ``tasks`` is imported).
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line
