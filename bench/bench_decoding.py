@@ -68,9 +68,16 @@ def main() -> None:
 
     def evaluation() -> object:
         return generation.generate_completions(
-            policy, tokenizer, prompts, n=settings.n_samples, max_new_tokens=settings.max_new_tokens,
-            batch_size=settings.batch_size, seed=config.seed, precision=config.model.precision, greedy_first=True,
-        )  # fmt: skip
+            policy,
+            tokenizer,
+            prompts,
+            n=settings.n_samples,
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+            seed=config.seed,
+            precision=config.model.precision,
+            greedy_first=True,
+        )
 
     merged = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16, attn_implementation="eager").eval()
     pack_linears(merged, torch.bfloat16)  # GRPO's merged copy: bf16 weights, packed layers, no autocast
@@ -78,9 +85,13 @@ def main() -> None:
     encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts[:16]]
     grpo_ids = [ids for ids in encoded for _ in range(group)]  # TRL's batch: each prompt once per sample, in a row
     grpo_config = GenerationConfig(
-        max_new_tokens=config.grpo.max_completion_length, do_sample=True, temperature=1.0, top_k=0,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        max_new_tokens=config.grpo.max_completion_length,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
     def grpo() -> object:
         """GRPO's sampler calls the merged copy without autocast (its weights are bf16 already)."""
@@ -114,8 +125,18 @@ def main() -> None:
         }
         for mode, by_name in seconds.items()
     }
-    print(json.dumps({"bench": "decoding", "prompts": args.prompts, "rounds": args.rounds,
-                      "adapter": str(args.adapter), "threads": torch.get_num_threads(), **report}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "decoding",
+                "prompts": args.prompts,
+                "rounds": args.rounds,
+                "adapter": str(args.adapter),
+                "threads": torch.get_num_threads(),
+                **report,
+            }
+        )
+    )
     for mode, row in report.items():
         times = "  ".join(
             f"{name} {row[f'{name}_seconds_median']:.2f} s"

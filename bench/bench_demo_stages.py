@@ -33,17 +33,29 @@ def main() -> None:
         sys.exit(0)
     parent = parents[0]
     stages = client.search_runs(
-        [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+        [experiment.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
         order_by=["attributes.start_time ASC"],
-    )  # fmt: skip
+    )
     rows = [
-        {"stage": run.data.tags.get(STAGE_TAG), "seconds": round(run.data.metrics.get("stage_seconds", 0.0), 1),
-         "peak_rss_mb": round(run.data.metrics.get("peak_rss_mb", 0.0))}
+        {
+            "stage": run.data.tags.get(STAGE_TAG),
+            "seconds": round(run.data.metrics.get("stage_seconds", 0.0), 1),
+            "peak_rss_mb": round(run.data.metrics.get("peak_rss_mb", 0.0)),
+        }
         for run in stages
-    ]  # fmt: skip
+    ]
     total = round((parent.info.end_time - parent.info.start_time) / 1000, 1)
-    print(json.dumps({"bench": "demo_stages", "run_id": parent.data.tags.get(RUN_ID_TAG), "stages": rows,
-                      "pipeline_seconds": total}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "demo_stages",
+                "run_id": parent.data.tags.get(RUN_ID_TAG),
+                "stages": rows,
+                "pipeline_seconds": total,
+            }
+        )
+    )
     print(f"run {parent.data.tags.get(RUN_ID_TAG)}: {total} s")
     print(f"{'stage':12}{'seconds':>10}{'peak RSS MB':>13}")
     for row in rows:

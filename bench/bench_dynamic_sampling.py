@@ -64,12 +64,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-dynamic-"))
     config = load_config(
         ROOT / "configs" / "demo.yaml",
-        {"output_dir": str(work / "out"), "sft.max_steps": args.sft_steps,
-         **({} if args.demo else {"rewards": [{"name": name} for name in args.rewards.split(",")]}),
-         "grpo.max_steps": 10_000,
-         "grpo.checkpoint_steps": 0, "grpo.log_completions_every": 0, "grpo.stop.dead_signal_steps": 0,
-         "evaluation.num_prompts": args.prompts, "evaluation.forgetting": False},
-    )  # fmt: skip
+        {
+            "output_dir": str(work / "out"),
+            "sft.max_steps": args.sft_steps,
+            **({} if args.demo else {"rewards": [{"name": name} for name in args.rewards.split(",")]}),
+            "grpo.max_steps": 10_000,
+            "grpo.checkpoint_steps": 0,
+            "grpo.log_completions_every": 0,
+            "grpo.stop.dead_signal_steps": 0,
+            "evaluation.num_prompts": args.prompts,
+            "evaluation.forgetting": False,
+        },
+    )
     base = resolve_model_source(config.model.source)
     split = run_validate(config, work / "validate")
     started = time.perf_counter()
@@ -80,13 +86,18 @@ def main() -> None:
     for name, enabled in (("off", False), ("on", True)):
         arm = load_config(
             ROOT / "configs" / "demo.yaml",
-            {**{k: v for k, v in config.model_dump(mode="json").items() if k != "grpo"},
-             "grpo": {**config.grpo.model_dump(mode="json"),
-                      "dynamic_sampling": {"enabled": enabled, "max_oversample": args.oversample}}},
-        )  # fmt: skip
+            {
+                **{k: v for k, v in config.model_dump(mode="json").items() if k != "grpo"},
+                "grpo": {
+                    **config.grpo.model_dump(mode="json"),
+                    "dynamic_sampling": {"enabled": enabled, "max_oversample": args.oversample},
+                },
+            },
+        )
         started = time.perf_counter()
-        result = run_grpo(arm, split.train_path, base, sft.adapter_dir, work / f"grpo-{name}",
-                          callbacks=[WallBudget(args.budget_s)])  # fmt: skip
+        result = run_grpo(
+            arm, split.train_path, base, sft.adapter_dir, work / f"grpo-{name}", callbacks=[WallBudget(args.budget_s)]
+        )
         seconds = time.perf_counter() - started
         steps = [entry for entry in result.history if "frac_reward_zero_std" in entry]
         trained_on = [1.0 - entry["frac_reward_zero_std"] for entry in steps]
@@ -123,8 +134,10 @@ def main() -> None:
     for key in [*shown, "prompts_retired", "greedy_accuracy", "sampled_pass1"]:
         print(f"{key:28}{arms['off'][key]:>10.3g}{arms['on'][key]:>10.3g}")
     print(f"informative share trained on: {ratio:.2f}× with the filter")
-    print(f"sampled pass@1 on − off: {difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}] "
-          f"(paired 95% CI, n={difference['n']})")  # fmt: skip
+    print(
+        f"sampled pass@1 on − off: {difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}] "
+        f"(paired 95% CI, n={difference['n']})"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def naive(model, tokenizer, prompts: list[str]) -> tuple[float, int]:
     for text in prompts:
         ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
         with torch.inference_mode():
-            out = model.generate(**ids, do_sample=True, top_k=0, num_return_sequences=SAMPLES,
-                                 max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            out = model.generate(
+                **ids,
+                do_sample=True,
+                top_k=0,
+                num_return_sequences=SAMPLES,
+                max_new_tokens=NEW_TOKENS,
+                pad_token_id=tokenizer.pad_token_id,
+            )
         tokens += int((out[:, ids["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
     return time.perf_counter() - started, tokens
 
@@ -47,11 +53,17 @@ def trl_style(model, tokenizer, prompts: list[str], batch: int = 16) -> tuple[fl
     repeated = [text for text in prompts for _ in range(SAMPLES)]
     started, tokens = time.perf_counter(), 0
     for start in range(0, len(repeated), batch):
-        ids = tokenizer(repeated[start : start + batch], return_tensors="pt", padding=True, padding_side="left",
-                        add_special_tokens=False)  # fmt: skip
+        ids = tokenizer(
+            repeated[start : start + batch],
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=False,
+        )
         with torch.inference_mode():
-            out = model.generate(**ids, do_sample=True, top_k=0, max_new_tokens=NEW_TOKENS,
-                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            out = model.generate(
+                **ids, do_sample=True, top_k=0, max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id
+            )
         tokens += int((out[:, ids["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
     return time.perf_counter() - started, tokens
 
@@ -70,16 +82,34 @@ def main() -> None:
     for precision in ("fp32", "bf16"):
         for batch in (64, 256):
             stats = GenerationStats()
-            generate_completions(model, tokenizer, prompts, n=SAMPLES, max_new_tokens=NEW_TOKENS, batch_size=batch,
-                                 stats=stats, precision=precision)  # fmt: skip
+            generate_completions(
+                model,
+                tokenizer,
+                prompts,
+                n=SAMPLES,
+                max_new_tokens=NEW_TOKENS,
+                batch_size=batch,
+                stats=stats,
+                precision=precision,
+            )
             results[f"grpoflow batch {batch} ({precision})"] = (stats.seconds, stats.new_tokens)
     base = results["naive per-prompt loop (fp32)"]
     rates = {name: tokens / seconds for name, (seconds, tokens) in results.items()}
-    print(json.dumps({"bench": "generation", "prompts": PROMPTS, "samples": SAMPLES, "max_new_tokens": NEW_TOKENS,
-                      "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
-                      "ratio_vs_naive": {k: round(v / (base[1] / base[0]), 2) for k, v in rates.items()},
-                      "ratio_vs_trl_style": {k: round(v / rates["TRL GRPO-style batches of 16 (fp32)"], 2)
-                                             for k, v in rates.items()}}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "generation",
+                "prompts": PROMPTS,
+                "samples": SAMPLES,
+                "max_new_tokens": NEW_TOKENS,
+                "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
+                "ratio_vs_naive": {k: round(v / (base[1] / base[0]), 2) for k, v in rates.items()},
+                "ratio_vs_trl_style": {
+                    k: round(v / rates["TRL GRPO-style batches of 16 (fp32)"], 2) for k, v in rates.items()
+                },
+            }
+        )
+    )
     print(f"{'':38}{'seconds':>9}{'tokens/s':>10}{'vs naive':>10}{'vs TRL':>8}")
     naive_rate = rates["naive per-prompt loop (fp32)"]
     for name, (seconds, tokens) in results.items():

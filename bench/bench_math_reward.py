@@ -20,9 +20,14 @@ from reward_fns.text import last_boxed
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-LATEX = [("\\frac{1}{2}", ["0.5", "\\frac{2}{4}", "1/2"]), ("\\frac{3}{4}", ["0.75", "\\frac{6}{8}"]),
-         ("\\sqrt{2}", ["\\sqrt{2}", "2^{1/2}"]), ("2\\pi", ["2\\pi", "\\pi \\cdot 2"]),
-         ("x^2+1", ["1+x^2", "x^{2}+1"]), ("\\frac{5}{3}", ["\\frac{10}{6}", "\\dfrac{5}{3}"])]  # fmt: skip
+LATEX = [
+    ("\\frac{1}{2}", ["0.5", "\\frac{2}{4}", "1/2"]),
+    ("\\frac{3}{4}", ["0.75", "\\frac{6}{8}"]),
+    ("\\sqrt{2}", ["\\sqrt{2}", "2^{1/2}"]),
+    ("2\\pi", ["2\\pi", "\\pi \\cdot 2"]),
+    ("x^2+1", ["1+x^2", "x^{2}+1"]),
+    ("\\frac{5}{3}", ["\\frac{10}{6}", "\\dfrac{5}{3}"]),
+]
 
 
 def corpus(seed: int = 0, prompts: int = 1250, per_prompt: int = 8) -> tuple[list[str], list[str]]:

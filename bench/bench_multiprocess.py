@@ -42,8 +42,10 @@ def main() -> None:
         started = time.perf_counter()
         run_id = f"mp-{run}"
         pipeline(config, run_id)
-        exits = {stage: json.loads((output / run_id / stage / "launch" / "exit.json").read_text())["returncode"]
-                 for stage in ("sft", "grpo")}  # fmt: skip
+        exits = {
+            stage: json.loads((output / run_id / stage / "launch" / "exit.json").read_text())["returncode"]
+            for stage in ("sft", "grpo")
+        }
         clean += all(code == 0 for code in exits.values())
         codes.append(exits)
         print(f"run {run + 1}: exit codes {exits} ({time.perf_counter() - started:.0f} s)", flush=True)

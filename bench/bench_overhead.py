@@ -49,13 +49,27 @@ def plain_trl(config, train_path: Path, base: Path, out: Path) -> tuple[float, l
     g = config.grpo
     args = GRPOConfig(
         **{**common_trainer_args(config, out), "disable_tqdm": True},
-        max_steps=g.max_steps, learning_rate=g.learning_rate, per_device_train_batch_size=g.batch_size,
-        num_generations=g.num_generations, max_completion_length=g.max_completion_length, temperature=g.temperature,
-        beta=g.beta, loss_type=g.loss_type, scale_rewards=g.scale_rewards, reward_weights=weights,
-        logging_steps=1, lr_scheduler_type="constant",
-    )  # fmt: skip
-    trainer = GRPOTrainer(model=load_policy(base, None), reward_funcs=rewards, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, peft_config=lora_config(config))  # fmt: skip
+        max_steps=g.max_steps,
+        learning_rate=g.learning_rate,
+        per_device_train_batch_size=g.batch_size,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        temperature=g.temperature,
+        beta=g.beta,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        reward_weights=weights,
+        logging_steps=1,
+        lr_scheduler_type="constant",
+    )
+    trainer = GRPOTrainer(
+        model=load_policy(base, None),
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(config),
+    )
     trainer.train()
     trainer.save_model(str(out / "adapter"))
     steps = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
@@ -81,9 +95,14 @@ def orchestrated(config, train_path: Path, base: Path) -> tuple[float, list[floa
 def compare(model: str, steps: int, work: Path) -> dict:
     config = load_config(
         "configs/demo.yaml" if model != "tiny-random" else "configs/tiny.yaml",
-        {"model.source": model, "grpo.max_steps": steps, "grpo.checkpoint_steps": 0,
-         "grpo.log_completions_every": 0, "output_dir": str(work / model)},
-    )  # fmt: skip
+        {
+            "model.source": model,
+            "grpo.max_steps": steps,
+            "grpo.checkpoint_steps": 0,
+            "grpo.log_completions_every": 0,
+            "output_dir": str(work / model),
+        },
+    )
     data = run_validate(config, work / model / "validate")
     base = resolve_model_source(model)
     plain_total, plain_steps = plain_trl(config, data.train_path, base, work / model / "plain")
@@ -94,13 +113,19 @@ def compare(model: str, steps: int, work: Path) -> dict:
         return sum(times[1:]) / len(times[1:])  # the first step warms up
 
     plain_step, bare_step, ours_step = per_step(plain_steps), per_step(bare_steps), per_step(ours_steps)
-    return {"model": model, "steps": steps, "plain_trl_seconds_per_step": round(plain_step, 3),
-            "bare_grpoflow_seconds_per_step": round(bare_step, 3), "grpoflow_seconds_per_step": round(ours_step, 3),
-            "overhead_step_ratio": round(ours_step / bare_step, 3),
-            "overhead_total_ratio": round(ours_total / bare_total, 3),
-            "vs_trl_step_ratio": round(ours_step / plain_step, 3),
-            "plain_trl_total_s": round(plain_total, 1), "bare_total_s": round(bare_total, 1),
-            "grpoflow_total_s": round(ours_total, 1)}  # fmt: skip
+    return {
+        "model": model,
+        "steps": steps,
+        "plain_trl_seconds_per_step": round(plain_step, 3),
+        "bare_grpoflow_seconds_per_step": round(bare_step, 3),
+        "grpoflow_seconds_per_step": round(ours_step, 3),
+        "overhead_step_ratio": round(ours_step / bare_step, 3),
+        "overhead_total_ratio": round(ours_total / bare_total, 3),
+        "vs_trl_step_ratio": round(ours_step / plain_step, 3),
+        "plain_trl_total_s": round(plain_total, 1),
+        "bare_total_s": round(bare_total, 1),
+        "grpoflow_total_s": round(ours_total, 1),
+    }
 
 
 def main() -> None:
@@ -111,12 +136,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     results = [compare("smollm2-135m-instruct", args.steps, work), compare("tiny-random", args.tiny_steps, work)]
     print(json.dumps({"bench": "orchestration_overhead", "results": results}))
-    print(f"{'model':24}{'TRL s/step':>11}{'bare s/step':>12}{'flow s/step':>12}{'overhead/step':>14}"
-          f"{'overhead/total':>15}{'flow vs TRL':>12}")  # fmt: skip
+    print(
+        f"{'model':24}{'TRL s/step':>11}{'bare s/step':>12}{'flow s/step':>12}{'overhead/step':>14}"
+        f"{'overhead/total':>15}{'flow vs TRL':>12}"
+    )
     for r in results:
-        print(f"{r['model']:24}{r['plain_trl_seconds_per_step']:>11}{r['bare_grpoflow_seconds_per_step']:>12}"
-              f"{r['grpoflow_seconds_per_step']:>12}{r['overhead_step_ratio']:>14}{r['overhead_total_ratio']:>15}"
-              f"{r['vs_trl_step_ratio']:>12}")  # fmt: skip
+        print(
+            f"{r['model']:24}{r['plain_trl_seconds_per_step']:>11}{r['bare_grpoflow_seconds_per_step']:>12}"
+            f"{r['grpoflow_seconds_per_step']:>12}{r['overhead_step_ratio']:>14}{r['overhead_total_ratio']:>15}"
+            f"{r['vs_trl_step_ratio']:>12}"
+        )
 
 
 if __name__ == "__main__":

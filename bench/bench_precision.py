@@ -70,10 +70,16 @@ def main() -> None:
     for label, precision, speedups in (("fp32", "fp32", "auto"), ("bf16", "bf16", "auto"), ("bf16-off", "bf16", "off")):
         config = load_config(
             "configs/demo.yaml",
-            {"model.precision": precision, "sft.max_steps": args.sft_steps, "grpo.max_steps": args.grpo_steps,
-             "grpo.max_completion_length": 12, "output_dir": str(work / label), "sft.speedups": speedups,
-             "grpo.speedups": speedups},
-        )  # fmt: skip
+            {
+                "model.precision": precision,
+                "sft.max_steps": args.sft_steps,
+                "grpo.max_steps": args.grpo_steps,
+                "grpo.max_completion_length": 12,
+                "output_dir": str(work / label),
+                "sft.speedups": speedups,
+                "grpo.speedups": speedups,
+            },
+        )
         data = run_validate(config, work / label / "validate")
         base = resolve_model_source(config.model.source)
         sft = run_sft(config, data.train_path, base, work / label / "sft")
@@ -88,8 +94,17 @@ def main() -> None:
         rows = read_jsonl(data.holdout_path)[: args.eval_prompts]
         prompts = [render_prompt(tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
         stats = GenerationStats()
-        answers = generate_completions(policy, tokenizer, prompts, greedy=True, max_new_tokens=16, batch_size=64,
-                                       stats=stats, precision=precision, stock=speedups == "off")  # fmt: skip
+        answers = generate_completions(
+            policy,
+            tokenizer,
+            prompts,
+            greedy=True,
+            max_new_tokens=16,
+            batch_size=64,
+            stats=stats,
+            precision=precision,
+            stock=speedups == "off",
+        )
         correct[label] = math_accuracy(
             completions=[a[0] for a in answers], ground_truth=[row["ground_truth"] for row in rows]
         )
@@ -109,23 +124,36 @@ def main() -> None:
     difference = paired_difference(correct["bf16"], correct["fp32"])
     machine = {"cpu": cpu_model(), "native_bf16": cpu_has_native_bf16(), "torch_threads": torch.get_num_threads()}
     rounded = {k: round(v) for k, v in rates.items()}
-    print(json.dumps({"bench": "precision", "machine": machine, "matmul_gflops": rounded, "results": results,
-                      "bf16_minus_fp32_accuracy": difference}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "bench": "precision",
+                "machine": machine,
+                "matmul_gflops": rounded,
+                "results": results,
+                "bf16_minus_fp32_accuracy": difference,
+            }
+        )
+    )
     print(f"{machine['cpu']}, native bf16: {machine['native_bf16']}, {machine['torch_threads']} threads")
     print(f"{'':26}" + "".join(f"{label:>10}" for label in results))
     for key in results["fp32"]:
         if key != "grpo_step_seconds_each":
             print(f"{key:26}" + "".join(f"{results[label][key]:>10}" for label in results))
     speedup = results["fp32"]["grpo_seconds_per_step"] / results["bf16"]["grpo_seconds_per_step"]
-    print(f"speedup per GRPO step: {speedup:.2f}x; "
-          f"accuracy bf16 - fp32: {difference['mean']:+.3f} [{difference['low']:+.3f}, {difference['high']:+.3f}] "
-          f"(n={difference['n']})")  # fmt: skip
+    print(
+        f"speedup per GRPO step: {speedup:.2f}x; "
+        f"accuracy bf16 - fp32: {difference['mean']:+.3f} [{difference['low']:+.3f}, {difference['high']:+.3f}] "
+        f"(n={difference['n']})"
+    )
     bf16, off = results["bf16"], results["bf16-off"]
     within = bf16["grpo_step_over_floor"] <= 1.1
     inside = difference["low"] <= 0 <= difference["high"]
-    print(f"target: bf16 GRPO step {bf16['grpo_seconds_per_step']} s, {bf16['grpo_step_over_floor']}x the floor "
-          f"(≤ 1.1: {'met' if within else 'NOT met'}; speed-ups off: {off['grpo_seconds_per_step']} s, "
-          f"{off['grpo_step_over_floor']}x); accuracy difference interval holds 0: {inside}")  # fmt: skip
+    print(
+        f"target: bf16 GRPO step {bf16['grpo_seconds_per_step']} s, {bf16['grpo_step_over_floor']}x the floor "
+        f"(≤ 1.1: {'met' if within else 'NOT met'}; speed-ups off: {off['grpo_seconds_per_step']} s, "
+        f"{off['grpo_step_over_floor']}x); accuracy difference interval holds 0: {inside}"
+    )
 
 
 def cpu_model() -> str:

@@ -55,8 +55,11 @@ def main() -> None:
     hashes = []
     for run in range(args.runs):
         loaded = run % 2 == 1
-        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)
-                   ] if loaded else []  # fmt: skip
+        burners = (
+            [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+            if loaded
+            else []
+        )
         started = time.perf_counter()
         try:
             child = [sys.executable, __file__, "--one", str(root / f"run-{run}"), "--steps", str(args.steps)]
@@ -71,8 +74,11 @@ def main() -> None:
         if out.returncode != 0 or not lines:
             sys.exit(f"run {run + 1} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
         hashes.append(lines[-1].split()[1])
-        print(f"run {run + 1} ({'beside CPU burners' if loaded else 'idle'}, {time.perf_counter() - started:.0f} s): "
-              f"{hashes[-1][:16]}", flush=True)  # fmt: skip
+        print(
+            f"run {run + 1} ({'beside CPU burners' if loaded else 'idle'}, {time.perf_counter() - started:.0f} s): "
+            f"{hashes[-1][:16]}",
+            flush=True,
+        )
     print(json.dumps({"runs": args.runs, "steps": args.steps, "distinct": len(set(hashes)), "sha256": hashes}))
     print(f"{len(set(hashes))} distinct adapter(s) in {args.runs} runs")
 

@@ -36,8 +36,13 @@ def make_rows(count: int, latex: bool, seed: int = 0) -> list[dict]:
             answer = rng.choice(
                 [str(rng.randint(0, 10**6)), f"#### {rng.randint(0, 9999):,}", f"${rng.randint(1, 999)}"]
             )
-        rows.append({"id": f"r{index}", "prompt": f"Question {index}: what is the value of item {index}?",
-                     "ground_truth": answer})  # fmt: skip
+        rows.append(
+            {
+                "id": f"r{index}",
+                "prompt": f"Question {index}: what is the value of item {index}?",
+                "ground_truth": answer,
+            }
+        )
     return rows
 
 
@@ -49,9 +54,14 @@ def measure(count: int, latex: bool) -> dict:
     sum(holdout_side(row["prompt"], 0.2) for row in kept)
     seconds = time.perf_counter() - started
     assert len(kept) + len(quarantined) == count
-    return {"rows": count, "answers": "latex" if latex else "plain", "seconds": round(seconds, 2),
-            "rows_per_s": round(count / seconds), "kept": len(kept),
-            "distinct_answers": len({row["ground_truth"] for row in rows})}  # fmt: skip
+    return {
+        "rows": count,
+        "answers": "latex" if latex else "plain",
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(count / seconds),
+        "kept": len(kept),
+        "distinct_answers": len({row["ground_truth"] for row in rows}),
+    }
 
 
 def main() -> None:

@@ -63,15 +63,25 @@ def generation(output: Path, overrides: list[str], files: dict[str, str], prompt
     sampler = policy_sampler(config, base, Path(files["adapter"]), config.probe.batch_size)
     rows = read_jsonl(Path(files["train"]))[:prompts]
     texts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
-    settings = {"n": config.grpo.num_generations, "temperature": config.grpo.temperature,
-                "max_new_tokens": config.grpo.max_completion_length, "seed": config.seed}  # fmt: skip
+    settings = {
+        "n": config.grpo.num_generations,
+        "temperature": config.grpo.temperature,
+        "max_new_tokens": config.grpo.max_completion_length,
+        "seed": config.seed,
+    }
     sampler.sample(texts, **settings)
     stats = GenerationStats()
     started = time.perf_counter()
     sampler.sample(texts, stats=stats, **settings)
     seconds = time.perf_counter() - started
-    result = {"part": "generation", "engine": engine, "sequences": stats.sequences, "new_tokens": stats.new_tokens,
-              "seconds": round(seconds, 2), "tokens_per_s": round(stats.new_tokens / seconds, 1)}  # fmt: skip
+    result = {
+        "part": "generation",
+        "engine": engine,
+        "sequences": stats.sequences,
+        "new_tokens": stats.new_tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(stats.new_tokens / seconds, 1),
+    }
     if engine == "vllm":
         from tasks.evaluation import score_groups
 
@@ -103,8 +113,16 @@ def grpo(output: Path, overrides: list[str], files: dict[str, str], steps: int, 
     from tasks.grpo import run_grpo
     from tasks.models import resolve_model_source
 
-    config = _config(output, overrides, **{"grpo.generation.backend": backend, "grpo.max_steps": steps,
-                                           "grpo.logging_steps": 1, "grpo.checkpoint_steps": 0})  # fmt: skip
+    config = _config(
+        output,
+        overrides,
+        **{
+            "grpo.generation.backend": backend,
+            "grpo.max_steps": steps,
+            "grpo.logging_steps": 1,
+            "grpo.checkpoint_steps": 0,
+        },
+    )
     base = resolve_model_source(config.model.source)
     result = run_grpo(config, Path(files["train"]), base, Path(files["adapter"]), output / f"grpo-{backend}")
     times = [h["step_time"] for h in result.history if "step_time" in h]
@@ -112,16 +130,31 @@ def grpo(output: Path, overrides: list[str], files: dict[str, str], steps: int, 
     means = [h[f"{key}/mean"] for h in result.history if f"{key}/mean" in h]
     maxes = [h[f"{key}/max"] for h in result.history if f"{key}/max" in h]
     return {
-        "part": "grpo", "backend": backend, "steps": result.steps, "generated_by": result.generated_by,
-        "median_step_s": round(statistics.median(times[1:] or times), 2), "step_times": [round(t, 2) for t in times],
+        "part": "grpo",
+        "backend": backend,
+        "steps": result.steps,
+        "generated_by": result.generated_by,
+        "median_step_s": round(statistics.median(times[1:] or times), 2),
+        "step_times": [round(t, 2) for t in times],
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "logp_difference_mean": [round(m, 4) for m in means], "logp_difference_max": [round(m, 3) for m in maxes],
-    }  # fmt: skip
+        "logp_difference_mean": [round(m, 4) for m in means],
+        "logp_difference_max": [round(m, 3) for m in maxes],
+    }
 
 
 def child(args: argparse.Namespace, *part: str) -> dict:
-    command = [sys.executable, __file__, "--root", str(args.root), "--part", *part, "--steps", str(args.steps),
-               "--prompts", str(args.prompts)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--root",
+        str(args.root),
+        "--part",
+        *part,
+        "--steps",
+        str(args.steps),
+        "--prompts",
+        str(args.prompts),
+    ]
     command += [item for override in args.overrides for item in ("--set", override)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -159,8 +192,11 @@ def main() -> None:
     from tasks.models import resolve_dtype
 
     config = _config(args.root, args.overrides)
-    print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, precision {config.model.precision} → "
-          f"{resolve_dtype(config.model.precision)}", flush=True)  # fmt: skip
+    print(
+        f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, precision {config.model.precision} → "
+        f"{resolve_dtype(config.model.precision)}",
+        flush=True,
+    )
     results = [child(args, "generation", engine) for engine in ("grpoflow-loop", "transformers-generate", "vllm")]
     results += [child(args, "grpo", backend) for backend in ("transformers", "vllm")]
     print("\n| engine | tokens/s | seconds |\n|---|---|---|")
@@ -168,8 +204,7 @@ def main() -> None:
         print(f"| {r['engine']} | {r['tokens_per_s']} | {r['seconds']} |")
     print("\n| GRPO backend | median step (s) | peak RSS (GiB) | log-prob difference mean (max) |\n|---|---|---|---|")
     for r in results[3:]:
-        lp = (f"{max(r['logp_difference_mean'])} ({max(r['logp_difference_max'])})"
-              if r["logp_difference_mean"] else "–")  # fmt: skip
+        lp = f"{max(r['logp_difference_mean'])} ({max(r['logp_difference_max'])})" if r["logp_difference_mean"] else "–"
         print(f"| {r['backend']} | {r['median_step_s']} | {r['peak_rss_gib']} | {lp} |")
     v = results[2]
     print(

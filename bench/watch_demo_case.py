@@ -43,10 +43,35 @@ def main() -> None:
         stage.log_artifact(untrained_adapter(Path(scratch) / "adapter", config), "adapter")
         version = register_adapter(client, name, stage.run_id, "adapter", {"base_model": config.model.source})
     grpoflow = [sys.executable, "-m", "flows.cli"]
-    subprocess.run([*grpoflow, "rollback", name, "--to", version, "--reason", "an untrained adapter, forced by hand",
-                    "--config", "configs/demo.yaml"], cwd=ROOT, check=True)  # fmt: skip
-    subprocess.run([*grpoflow, "watch", "--config", "configs/demo.yaml", "--set", "watch.action=rollback",
-                    "--set", "watch.cooldown_h=0"], cwd=ROOT, check=True)  # fmt: skip
+    subprocess.run(
+        [
+            *grpoflow,
+            "rollback",
+            name,
+            "--to",
+            version,
+            "--reason",
+            "an untrained adapter, forced by hand",
+            "--config",
+            "configs/demo.yaml",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
+    subprocess.run(
+        [
+            *grpoflow,
+            "watch",
+            "--config",
+            "configs/demo.yaml",
+            "--set",
+            "watch.action=rollback",
+            "--set",
+            "watch.cooldown_h=0",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
     subprocess.run([*grpoflow, "history", name, "--config", "configs/demo.yaml"], cwd=ROOT, check=True)
 
 

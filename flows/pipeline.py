@@ -66,8 +66,11 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
         config, validate_task, probe_task, sft_task, grpo_task_for(config), champion_task, evaluate_task
     )
     summary: dict[str, Any] = {"run_id": run_id, "run_dir": str(layout.run_dir), "probes": {}}
-    summary["mlflow"] = {"tracking_uri": tracker.tracking_uri, "experiment_id": tracker.experiment_id,
-                         "parent_run_id": tracker.parent_run_id}  # fmt: skip
+    summary["mlflow"] = {
+        "tracking_uri": tracker.tracking_uri,
+        "experiment_id": tracker.experiment_id,
+        "parent_run_id": tracker.parent_run_id,
+    }
     status = "FAILED"
     with runs_closed_on_termination(tracker):  # a cancel from the UI leaves no MLflow run open
         try:

@@ -48,8 +48,12 @@ def grpo_remote_flow(
         base_dir = resolve_model_task(settings.model.source, settings.model.revision)
         tracker = Tracker(tracking_uri, experiment_id, parent_run_id, run_id, workdir / run_id)
         # Checkpoints outlive this worker: a new one (a resume, a retry) continues from the newest.
-        where = {"remote_checkpoints": settings.orchestration.remote_checkpoints, "tracking_uri": tracking_uri,
-                 "parent_run_id": parent_run_id, "run_id": run_id}  # fmt: skip
+        where = {
+            "remote_checkpoints": settings.orchestration.remote_checkpoints,
+            "tracking_uri": tracking_uri,
+            "parent_run_id": parent_run_id,
+            "run_id": run_id,
+        }
         store = store_for(where)
         restore_newest(store, tracker.layout.stage_dir("grpo") / CHECKPOINTS)
         keep = set(keep_ids) if keep_ids else None

@@ -163,15 +163,24 @@ def start_services(
     prefect_home.mkdir(parents=True, exist_ok=True)
     if mlflow_store is None:
         (home / "mlflow" / "artifacts").mkdir(parents=True, exist_ok=True)
-        store = ["--backend-store-uri", f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
-                 "--artifacts-destination", str(home / "mlflow" / "artifacts")]  # fmt: skip
+        store = [
+            "--backend-store-uri",
+            f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(home / "mlflow" / "artifacts"),
+        ]
     else:
         database, artifacts = (path.resolve() for path in mlflow_store)
         database.parent.mkdir(parents=True, exist_ok=True)
         artifacts.mkdir(parents=True, exist_ok=True)
         # Runs wrote file:// artifact locations; the server reads them from disk, as `mlflow ui` does.
-        store = ["--backend-store-uri", f"sqlite:///{database}",
-                 "--default-artifact-root", artifacts.as_uri(), "--no-serve-artifacts"]  # fmt: skip
+        store = [
+            "--backend-store-uri",
+            f"sqlite:///{database}",
+            "--default-artifact-root",
+            artifacts.as_uri(),
+            "--no-serve-artifacts",
+        ]
     services = Services(f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}", home)
     base_env = {**os.environ, **SERVICE_ENV}
     commands = {
@@ -211,8 +220,12 @@ def _up_state_file() -> Path:
 
 def record_up(services: Services, store: str) -> None:
     """Note where ``grpoflow up`` serves, so ``grpoflow run`` on this machine uses that Prefect server."""
-    state = {"prefect_api_url": services.prefect_api_url, "mlflow_url": services.mlflow_url, "store": store,
-             "pid": os.getpid()}  # fmt: skip
+    state = {
+        "prefect_api_url": services.prefect_api_url,
+        "mlflow_url": services.mlflow_url,
+        "store": store,
+        "pid": os.getpid(),
+    }
     _up_state_file().parent.mkdir(parents=True, exist_ok=True)
     _up_state_file().write_text(json.dumps(state))
 

@@ -27,8 +27,10 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{reason} ×{count}"
             for reason, count in sorted((data.get("reasons") or {}).items(), key=lambda item: -item[1])[:3]
         )
-        console.print(f"data: {data['rows_in']} rows, {data['rows_kept']} kept, {data['rows_quarantined']} "
-                      f"quarantined{' (' + reasons + ')' if reasons else ''}")  # fmt: skip
+        console.print(
+            f"data: {data['rows_in']} rows, {data['rows_kept']} kept, {data['rows_quarantined']} "
+            f"quarantined{' (' + reasons + ')' if reasons else ''}"
+        )
     probes = Table(title="probes (G samples per prompt, GRPO sampling settings)")
     for column in ("policy", "prompts", "groups with signal", "mean pass rate", "mean reward", "verdict"):
         probes.add_column(column, justify="right")

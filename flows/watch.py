@@ -38,7 +38,11 @@ def watch_flow(
     publish_markdown(f"watch-{name}", report.markdown())
     decision = report.decision
     if decision and decision.event:
-        payload = {"versions": report.versions, "reason": decision.reason, "moved_to": decision.move_to,
-                   "mlflow_run_id": mlflow_run}  # fmt: skip
+        payload = {
+            "versions": report.versions,
+            "reason": decision.reason,
+            "moved_to": decision.move_to,
+            "mlflow_run_id": mlflow_run,
+        }
         emit_champion_event(decision.event, name, payload)
     return {**report.to_json(), "mlflow_run_id": mlflow_run}

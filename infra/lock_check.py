@@ -117,10 +117,25 @@ def resolve(
         report = Path(scratch) / "report.json"
         platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
         command = [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--progress-bar", "off",
-            "--python-version", python, "--only-binary=:all:", *platforms,
-            "--report", str(report), "-c", str(constraints), "-r", str(requirement_file),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--progress-bar",
+            "off",
+            "--python-version",
+            python,
+            "--only-binary=:all:",
+            *platforms,
+            "--report",
+            str(report),
+            "-c",
+            str(constraints),
+            "-r",
+            str(requirement_file),
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -162,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                 resolved = resolve(python, requirement_file, constraints, args.timeout_s, name)
                 loose = unpinned(resolved, pins)
                 if loose:
-                    print(f"lock-check: {name}, Python {python} resolves packages the set does not pin: "
-                          f"{', '.join(loose)}")  # fmt: skip
+                    print(
+                        f"lock-check: {name}, Python {python} resolves packages the set does not pin: "
+                        f"{', '.join(loose)}"
+                    )
                     print("  add them (name==version) to constraints.txt, or re-resolve the lock (its header says how)")
                     return 1
                 key = ", ".join(f"{p} {resolved.get(p)}" for p in (engine, *KEY_PACKAGES[1:]))

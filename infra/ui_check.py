@@ -39,8 +39,15 @@ def chromium() -> str:
 
 def browse(url: str, screenshot: Path | None = None, wait_ms: int = 20000) -> str:
     """The page's DOM after its scripts ran for ``wait_ms`` (virtual time); a screenshot too when asked."""
-    flags = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             f"--virtual-time-budget={wait_ms}", "--window-size=1440,1000"]  # fmt: skip
+    flags = [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--virtual-time-budget={wait_ms}",
+        "--window-size=1440,1000",
+    ]
     if screenshot is not None:
         subprocess.run([*flags, f"--screenshot={screenshot}", url], capture_output=True, timeout=120, check=True)
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120, check=True)
@@ -87,15 +94,25 @@ def main() -> int:
     shots.mkdir(parents=True, exist_ok=True)
     config = work / "tiny.yaml"
     config.write_text((ROOT / "configs" / "tiny.yaml").read_text() + f"\noutput_dir: {work / 'outputs'}\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFECT_HOME": str(work / "prefect"),
-           "GRPOFLOW_CACHE": os.environ.get("GRPOFLOW_CACHE", str(work / "cache"))}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PREFECT_HOME": str(work / "prefect"),
+        "GRPOFLOW_CACHE": os.environ.get("GRPOFLOW_CACHE", str(work / "cache")),
+    }
     env.pop("PREFECT_API_URL", None)
     grpoflow = [sys.executable, "-m", "flows.cli"]
     prefect_port, mlflow_port = free_port(), free_port()
     ports = ["--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)]
     log = (work / "up.log").open("wb")
-    up = subprocess.Popen([*grpoflow, "up", "--config", str(config), *ports], cwd=ROOT, env=env, stdout=log,
-                          stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    up = subprocess.Popen(
+        [*grpoflow, "up", "--config", str(config), *ports],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     prefect, mlflow = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     try:
         for _ in range(180):
@@ -111,12 +128,24 @@ def main() -> int:
         print(f"grpoflow up: Prefect {prefect}, MLflow {mlflow}")
         run_id = "ui-check-run"
         started = time.monotonic()
-        ran = subprocess.run([*grpoflow, "run", str(config), "--run-id", run_id], cwd=ROOT, env=env, check=True,
-                             capture_output=True, text=True, timeout=900)  # fmt: skip
+        ran = subprocess.run(
+            [*grpoflow, "run", str(config), "--run-id", run_id],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         print(f"tiny run: {time.monotonic() - started:.0f} s")
         run_link = next(line.split(": ", 1)[1] for line in ran.stdout.splitlines() if line.startswith("MLflow run"))
-        subprocess.run([*grpoflow, "rollback", "grpoflow-tiny", "--to", "1", "--reason", "ui-check",
-                        "--config", str(config)], cwd=ROOT, env=env, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*grpoflow, "rollback", "grpoflow-tiny", "--to", "1", "--reason", "ui-check", "--config", str(config)],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         runs = post(f"{prefect}/api/flow_runs/filter", {"flow_runs": {"name": {"any_": [run_id]}}})
         flow_run = runs[0]["id"]
         missing = []

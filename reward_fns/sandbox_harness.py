@@ -193,11 +193,31 @@ _OPERATOR_CODES = list(_OPERATORS)
 _CRITICAL_BUILTINS = tuple(
     (name, getattr(builtins, name))
     for name in (
-        "type", "isinstance", "bool", "list", "dict", "tuple", "set", "frozenset", "getattr", "next", "iter",
-        "exec", "vars", "id", "object", "len", "str", "repr", "callable", "compile", "BaseException",
-        "MemoryError", "AssertionError",
+        "type",
+        "isinstance",
+        "bool",
+        "list",
+        "dict",
+        "tuple",
+        "set",
+        "frozenset",
+        "getattr",
+        "next",
+        "iter",
+        "exec",
+        "vars",
+        "id",
+        "object",
+        "len",
+        "str",
+        "repr",
+        "callable",
+        "compile",
+        "BaseException",
+        "MemoryError",
+        "AssertionError",
     )
-)  # fmt: skip
+)
 
 
 def _builtins_intact(namespace: dict = vars(builtins), critical: tuple = _CRITICAL_BUILTINS) -> bool:

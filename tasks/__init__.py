@@ -4,6 +4,8 @@ below them (``config``, ``inputs``, ``models``, ``training``, ``evaluation``, ``
 
 Importing the package sets the process's environment defaults, before Prefect, MLflow or transformers load:
 this is the one place they are written (``flows.services`` hands the same ones to the servers it starts).
+Must not import: a stage, or torch, Prefect, MLflow or transformers at import (the surfaces are lazy; of the
+packages below, only ``tasks.speedups.allocator`` is loaded here, to set the allocator before any stack).
 """
 
 import importlib

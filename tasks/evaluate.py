@@ -190,8 +190,10 @@ def _assemble(
     sampled_scores = score_groups(config, rows, sampled.sampled)
     greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
     if ledger_dir is not None:
-        for kind, completions, scored in (("greedy", sampled.greedy, greedy_scores),
-                                          ("sampled", sampled.sampled, sampled_scores)):  # fmt: skip
+        for kind, completions, scored in (
+            ("greedy", sampled.greedy, greedy_scores),
+            ("sampled", sampled.sampled, sampled_scores),
+        ):
             role = f"eval_{spec.name}" + ("_greedy" if kind == "greedy" else "")
             ledger = sample_rows(role, rows, completions, scored["per_function"], scored["total"], sampled.backend)
             write_part(ledger_dir, ledger, f"eval-{spec.name}-{kind}")

@@ -94,11 +94,15 @@ def vllm_setup(config: PipelineConfig, base_model_dir: Path, backend: str) -> An
 
     generation = config.grpo.generation
     if generation.vllm_mode == "server":
-        return VllmSetup("server", server_url=generation.vllm_server_base_url,
-                         server_timeout_s=generation.vllm_server_timeout_s,
-                         sync_root=generation.vllm_adapter_dir)  # fmt: skip
-    return VllmSetup("colocate", engine=pipeline_engine_spec(config, base_model_dir),
-                     sync_root=generation.vllm_adapter_dir)  # fmt: skip
+        return VllmSetup(
+            "server",
+            server_url=generation.vllm_server_base_url,
+            server_timeout_s=generation.vllm_server_timeout_s,
+            sync_root=generation.vllm_adapter_dir,
+        )
+    return VllmSetup(
+        "colocate", engine=pipeline_engine_spec(config, base_model_dir), sync_root=generation.vllm_adapter_dir
+    )
 
 
 @functools.cache
@@ -155,8 +159,12 @@ def run_grpo(
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
     backend = pipeline_backend(config)
-    logger.info("GRPO generation backend: %s (configured: %s%s)", backend, settings.generation.backend,
-                f", {settings.generation.vllm_mode} mode" if backend == "vllm" else "")  # fmt: skip
+    logger.info(
+        "GRPO generation backend: %s (configured: %s%s)",
+        backend,
+        settings.generation.backend,
+        f", {settings.generation.vllm_mode} mode" if backend == "vllm" else "",
+    )
     args = GRPOConfig(
         **generation_args(settings.generation, backend),
         **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
@@ -182,8 +190,13 @@ def run_grpo(
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
     ledger = LedgerRecorder(stage_dir / LEDGER_DIR)
-    ledger_writer = LedgerCallback(ledger, settings.ledger_flush_steps, settings.checkpoint_steps > 0,
-                                   completion_sink, settings.log_completions_every)  # fmt: skip
+    ledger_writer = LedgerCallback(
+        ledger,
+        settings.ledger_flush_steps,
+        settings.checkpoint_steps > 0,
+        completion_sink,
+        settings.log_completions_every,
+    )
     trainer = trainer_class(
         ledger=ledger,
         backend=f"vllm-{settings.generation.vllm_mode}" if backend == "vllm" else "transformers",
@@ -221,8 +234,12 @@ def run_grpo(
         if close is not None:
             close()  # the synced adapters' folder
     generated_by = trainer.generation_record.describe()
-    logger.info("GRPO generated with %s; rollout ledger: %d bytes written in %.2f s", generated_by,
-                ledger.bytes_written, ledger.seconds)  # fmt: skip
+    logger.info(
+        "GRPO generated with %s; rollout ledger: %d bytes written in %.2f s",
+        generated_by,
+        ledger.bytes_written,
+        ledger.seconds,
+    )
     for reward in rewards:  # however short the run: an adapter trained on unjudged samples is not promoted
         stats = reward.stats
         if stats.scored and stats.none_share > settings.max_none_share:
@@ -251,8 +268,12 @@ def grpo_task(
     ``checkpoint_store`` (``tasks.training.remote_checkpoints.store_for``): each checkpoint is also copied there."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
-        stage.set_tags({"generation_backend_configured": config.grpo.generation.backend,
-                        "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__})  # fmt: skip
+        stage.set_tags(
+            {
+                "generation_backend_configured": config.grpo.generation.backend,
+                "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__,
+            }
+        )
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
         if config.training_processes() > 1:
@@ -274,8 +295,9 @@ def grpo_task(
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
         stage.log_artifact(result.adapter_dir.parent / LEDGER_DIR, LEDGER_DIR)  # the rollout ledger's parts
         if result.generated_by:  # what generated, not what was configured
-            stage.set_tags({"generation_backend": result.generated_by.split(" ")[0],
-                            "generation": result.generated_by[:4000]})  # fmt: skip
+            stage.set_tags(
+                {"generation_backend": result.generated_by.split(" ")[0], "generation": result.generated_by[:4000]}
+            )
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)
         return result
@@ -338,8 +360,12 @@ def remote_grpo_task(
     tags = runs[-1].data.tags if runs else {}
     stop = None
     if "grpo.stopped" in tags:  # the deployment reported its early stop in its stage run
-        stop = {"cause": tags["grpo.stopped"], "step": int(metrics.get("stopped_at_step", 0)),
-                "message": tags.get("grpo.stop_verdict", ""), "numbers": {}}  # fmt: skip
+        stop = {
+            "cause": tags["grpo.stopped"],
+            "step": int(metrics.get("stopped_at_step", 0)),
+            "message": tags.get("grpo.stop_verdict", ""),
+            "numbers": {},
+        }
     steps, seconds = int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0))
     return TrainResult(adapter_dir, steps, seconds, stop=stop)
 

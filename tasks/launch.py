@@ -52,15 +52,25 @@ def rank_main(request_path: Path) -> None:
                 ),
             )
     except BaseException as exc:
-        report = {"rank": rank, "type": type(exc).__name__, "module": type(exc).__module__,
-                  "message": str(exc)[:2000], "time": time.time()}  # fmt: skip
+        report = {
+            "rank": rank,
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": str(exc)[:2000],
+            "time": time.time(),
+        }
         (launch_dir / f"rank-{rank}.error.json").write_text(json.dumps(report))
         leave_process_group(finished=False)
         raise
     if rank == 0:
-        payload = {"adapter_dir": str(result.adapter_dir), "steps": result.steps, "seconds": result.seconds,
-                   "history": result.history, "stop": result.stop,
-                   "generated_by": result.generated_by}  # fmt: skip
+        payload = {
+            "adapter_dir": str(result.adapter_dir),
+            "steps": result.steps,
+            "seconds": result.seconds,
+            "history": result.history,
+            "stop": result.stop,
+            "generated_by": result.generated_by,
+        }
         (launch_dir / "result.json").write_text(json.dumps(payload))
     leave_process_group(finished=True)
 

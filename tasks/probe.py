@@ -176,8 +176,12 @@ def sample_probe(
     transformers on a CPU with two torch threads or more (``probe.processes``), this process and a forked worker
     take every other batch (``tasks.evaluation.parallel``); each batch draws from its own seed, so the completions
     are those of one process."""
-    settings = {"n": config.grpo.num_generations, "temperature": config.grpo.temperature,
-                "max_new_tokens": config.grpo.max_completion_length, "seed": config.seed}  # fmt: skip
+    settings = {
+        "n": config.grpo.num_generations,
+        "temperature": config.grpo.temperature,
+        "max_new_tokens": config.grpo.max_completion_length,
+        "seed": config.seed,
+    }
     parts = processes_for(config.probe.processes, 2, samples_on_cpu(config)) if sampler.backend == "transformers" else 1
     started = time.perf_counter()
 

@@ -127,8 +127,12 @@ def registry_errors(function: Callable[..., T]) -> Callable[..., T]:
 def headline_tags(scores: ModelScores) -> dict[str, str]:
     """The few numbers a version carries as tags (the model card has the rest)."""
     low, high = scores.pass1_interval
-    values = {"pass_at_1": scores.pass_at_k.get(1), "pass_at_1_low": low, "pass_at_1_high": high,
-              "greedy_accuracy": scores.greedy_accuracy}  # fmt: skip
+    values = {
+        "pass_at_1": scores.pass_at_k.get(1),
+        "pass_at_1_low": low,
+        "pass_at_1_high": high,
+        "greedy_accuracy": scores.greedy_accuracy,
+    }
     return {f"metric.{k}": f"{v:.4f}" for k, v in values.items() if v is not None}
 
 
@@ -166,8 +170,12 @@ def run_promote(
         scores = candidate if role == "candidate" else sft_scores
         tags = {**lineage, **(headline_tags(scores) if scores is not None else {})}
         if role == "candidate":
-            tags.update({f"metric.gain_vs_{reference.name}": f"{difference['mean']:.4f}",
-                         f"metric.gain_vs_{reference.name}_low": f"{difference['low']:.4f}"})  # fmt: skip
+            tags.update(
+                {
+                    f"metric.gain_vs_{reference.name}": f"{difference['mean']:.4f}",
+                    f"metric.gain_vs_{reference.name}_low": f"{difference['low']:.4f}",
+                }
+            )
         name = registered_model if role == "candidate" else f"{registered_model}-sft"
         number = registered[role] = register_adapter(client, name, stage.run_id, artifact, tags)
         if summary:
@@ -191,9 +199,14 @@ def run_promote(
     if case.audit:
         stage.set_tags({"audit": "; ".join(f"{f['detector']}: {f['message']}" for f in case.audit)[:4000]})
     return PromotionResult(
-        registered_model, version, registered["sft"], outcome.promoted, outcome.reason, reference.name,
+        registered_model,
+        version,
+        registered["sft"],
+        outcome.promoted,
+        outcome.reason,
+        reference.name,
         list(case.audit),
-    )  # fmt: skip
+    )
 
 
 def git_commit() -> str:
@@ -232,8 +245,9 @@ def reward_audit(config: PipelineConfig, tracker: Tracker, evaluation: EvalResul
     weights = {spec.name.rsplit(":", 1)[-1]: spec.weight for spec in config.rewards}
     correctness = CORRECTNESS_REWARD.get(config.data.kind)
     role = "reference" if evaluation.of("reference") is not None else "base"
-    findings = audit_rollouts(read_ledger(folder), weights, correctness if correctness in weights else None,
-                     evaluation.comparison(role))  # fmt: skip
+    findings = audit_rollouts(
+        read_ledger(folder), weights, correctness if correctness in weights else None, evaluation.comparison(role)
+    )
     for finding in findings:
         logger.warning("reward audit: %s: %s", finding.detector, finding.message)
     return [finding.to_json() for finding in findings]
@@ -264,13 +278,20 @@ def promote_task(
         def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
             if role == "candidate" and case.audit:
                 decision += "\n\n**Reward audit** (before promotion):\n" + "\n".join(
-                    f"- `{f['detector']}`: {f['message']}" for f in case.audit)  # fmt: skip
+                    f"- `{f['detector']}`: {f['message']}" for f in case.audit
+                )
             elif role == "candidate":
                 decision += "\n\n**Reward audit** (before promotion): no finding."
             card, summary = version_card(
-                config=config, registered_model=name, role=role, data=data, probes=probes,
-                evaluation=evaluation, decision=decision, run_id=tracker.run_id,
-            )  # fmt: skip
+                config=config,
+                registered_model=name,
+                role=role,
+                data=data,
+                probes=probes,
+                evaluation=evaluation,
+                decision=decision,
+                run_id=tracker.run_id,
+            )
             destination = stage.dir / f"{role}-model"
             folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
             return folder, summary

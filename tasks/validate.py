@@ -195,8 +195,10 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         rows_unreadable=sum(isinstance(row, _Unreadable) for row in raw_rows),
     )
     if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
-        raise RuntimeError(f"validation lost rows: {result.rows_in} in, {result.rows_kept} kept + "
-                           f"{result.rows_quarantined} quarantined")  # fmt: skip
+        raise RuntimeError(
+            f"validation lost rows: {result.rows_in} in, {result.rows_kept} kept + "
+            f"{result.rows_quarantined} quarantined"
+        )
     # Quarantine and report first: if anything fails, the train / hold-out files of an earlier run are kept.
     write_jsonl(result.quarantine_path, quarantined)
     write_jsonl(result.train_path, train)

@@ -173,8 +173,12 @@ def training_params(client: Any, name: str, version: str) -> dict[str, str]:
 
 def settings_hash(config: PipelineConfig) -> str:
     """What the watch's verdict depends on besides the models and the data: evaluation and promotion settings."""
-    payload = {"evaluation": config.evaluation.model_dump(mode="json"), "promotion": config.promotion.model_dump(),
-               "watch": config.watch.model_dump(), "seed": config.seed}  # fmt: skip
+    payload = {
+        "evaluation": config.evaluation.model_dump(mode="json"),
+        "promotion": config.promotion.model_dump(),
+        "watch": config.watch.model_dump(),
+        "seed": config.seed,
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -208,8 +212,7 @@ class WatchReport:
         rows = "".join("| " + " | ".join(str(v) for v in row.values()) + " |\n" for row in self.table)
         decision = self.decision
         notes = "".join(f"\n- {note}" for note in decision.notes) if decision else ""
-        return (f"### champion watch: {self.name}\n**{decision.status}**: {decision.reason}{notes}\n\n"
-                f"{header}{rows}")  # fmt: skip
+        return f"### champion watch: {self.name}\n**{decision.status}**: {decision.reason}{notes}\n\n{header}{rows}"
 
 
 # Scores the watch's models on the hold-out rows: (config, holdout path, specs by role) → ModelScores by role.
@@ -228,12 +231,17 @@ def watch_scores(config: PipelineConfig, by_role: dict[str, Any]) -> WatchScores
     from tasks.evaluate import compare
 
     champion = by_role["champion"]
-    differences = {f"{role}-vs-champion": compare(config, by_role[role], champion)
-                   for role in ("previous", "challenger") if role in by_role}  # fmt: skip
+    differences = {
+        f"{role}-vs-champion": compare(config, by_role[role], champion)
+        for role in ("previous", "challenger")
+        if role in by_role
+    }
     base = by_role.get("base")
-    drops = {role: forgetting_drop(base.general, score.general, config.evaluation.bootstrap_resamples, config.seed)
-             for role, score in by_role.items()
-             if role != "base" and base is not None and base.general and score.general}  # fmt: skip
+    drops = {
+        role: forgetting_drop(base.general, score.general, config.evaluation.bootstrap_resamples, config.seed)
+        for role, score in by_role.items()
+        if role != "base" and base is not None and base.general and score.general
+    }
     return WatchScores(dict(by_role), differences, drops)
 
 
@@ -262,12 +270,18 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
     check_same_task(config, training_params(client, name, champion), champion)
     data = run_validate(config, work_dir / "validate")
     enforce_limits(data, config)
-    key = {"champion": champion, "fingerprint": data.fingerprint, "settings": settings_hash(config),
-           "previous": versions.get("previous")}  # fmt: skip
+    key = {
+        "champion": champion,
+        "fingerprint": data.fingerprint,
+        "settings": settings_hash(config),
+        "previous": versions.get("previous"),
+    }
     last = json.loads(registered_model(client, name).tags.get(LAST_WATCH_TAG, "{}"))
     if all(last.get(k) == v for k, v in key.items()):
-        message = (f"champion v{champion}, data {data.fingerprint} and settings unchanged since the watch of "
-                   f"{last.get('at', '?')} ({last.get('status', '?')}): nothing to re-check")  # fmt: skip
+        message = (
+            f"champion v{champion}, data {data.fingerprint} and settings unchanged since the watch of "
+            f"{last.get('at', '?')} ({last.get('status', '?')}): nothing to re-check"
+        )
         return WatchReport(name, versions, None, skipped=message, fingerprint=data.fingerprint)
     specs: dict[str, Any] = {}
     base_source = None
@@ -289,12 +303,12 @@ def run_watch(config: PipelineConfig, name: str, work_dir: Path, score: Scorer =
                 decision.reason += f"; not moved: champion changed to v{now} while the watch evaluated"
                 decision.move_to, decision.event = None, "regressed"
             else:
-                rollback_champion(client, name, decision.move_to, f"watch: {decision.reason}", "grpoflow watch",
-                                  kind="watch")  # fmt: skip
+                rollback_champion(
+                    client, name, decision.move_to, f"watch: {decision.reason}", "grpoflow watch", kind="watch"
+                )
                 client.set_model_version_tag(name, champion, "grpoflow.watch_regressed", decision.reason[:1000])
                 report.moved = True
-    record = {**key, "at": timestamp(), "status": decision.status,
-              "moved_to": decision.move_to}  # fmt: skip
+    record = {**key, "at": timestamp(), "status": decision.status, "moved_to": decision.move_to}
     if report.moved:
         record["champion"] = decision.move_to  # the next watch judges the champion it restored
     client.set_registered_model_tag(name, LAST_WATCH_TAG, json.dumps(record))
@@ -309,11 +323,14 @@ def record_watch_run(config: PipelineConfig, report: WatchReport, work_dir: Path
     client = client_for(config.resolved_tracking_uri())
     experiment_id = experiment_for(config, client)
     decision = report.decision
-    tags = {"grpoflow.stage": "watch", "grpoflow.watch.model": report.name,
-            "grpoflow.watch.status": "skipped" if report.skipped else decision.status,
-            "grpoflow.watch.reason": (report.skipped or decision.reason)[:5000],
-            "grpoflow.watch.moved_to": decision.move_to if decision and decision.move_to else "",
-            **{f"grpoflow.watch.{role}": version for role, version in report.versions.items()}}  # fmt: skip
+    tags = {
+        "grpoflow.stage": "watch",
+        "grpoflow.watch.model": report.name,
+        "grpoflow.watch.status": "skipped" if report.skipped else decision.status,
+        "grpoflow.watch.reason": (report.skipped or decision.reason)[:5000],
+        "grpoflow.watch.moved_to": decision.move_to if decision and decision.move_to else "",
+        **{f"grpoflow.watch.{role}": version for role, version in report.versions.items()},
+    }
     run = client.create_run(experiment_id, run_name=f"watch-{report.name}", tags=tags)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(work_dir / "watch.json", json.dumps(report.to_json(), indent=2, default=str))
@@ -321,7 +338,8 @@ def record_watch_run(config: PipelineConfig, report: WatchReport, work_dir: Path
     client.log_artifact(run.info.run_id, str(work_dir / "watch.json"), "watch")
     client.log_artifact(run.info.run_id, str(work_dir / "watch.md"), "watch")
     if report.table:
-        client.log_table(run.info.run_id, {k: [row[k] for row in report.table] for k in report.table[0]},
-                         "watch/table.json")  # fmt: skip
+        client.log_table(
+            run.info.run_id, {k: [row[k] for row in report.table] for k in report.table[0]}, "watch/table.json"
+        )
     client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id

@@ -215,9 +215,12 @@ def lock_holder():
 
     def start(tracking_uri: str) -> subprocess.Popen:
         holder = subprocess.Popen(
-            [sys.executable, "-c", script, tracking_uri], cwd=REPO, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-c", script, tracking_uri],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         started.append(holder)
         assert holder.stdout.readline().strip() == "locked"
         return holder

@@ -1,4 +1,6 @@
-"""``python -m flows.cli``: the same as the ``grpoflow`` command."""
+"""``python -m flows.cli``: the same as the ``grpoflow`` command.
+Must not import: anything but ``flows.cli``.
+"""
 
 from flows.cli import main
 

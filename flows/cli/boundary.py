@@ -1,5 +1,7 @@
 """The error boundary of the ``grpoflow`` command: a grpoflow error prints what, where and what to do in two
-lines and exits with its code; bugs keep their traceback."""
+lines and exits with its code; bugs keep their traceback.
+Must not import: a stage, torch or Prefect (it wraps every command, ``--help`` included).
+"""
 
 from __future__ import annotations
 
@@ -83,8 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         message = " ".join(str(exc).split()) or type(exc).__name__
-        sys.stderr.write(f"error: {message}\n{WHAT_TO_DO.get(exc.exit_code, '')} (exit {exc.exit_code}; --debug "
-                         "shows the traceback)\n")  # fmt: skip
+        sys.stderr.write(
+            f"error: {message}\n{WHAT_TO_DO.get(exc.exit_code, '')} (exit {exc.exit_code}; --debug "
+            "shows the traceback)\n"
+        )
         raise SystemExit(exc.exit_code) from None
     finally:  # main() called in-process (tests, notebooks) leaves the console as it found it
         if before is None:

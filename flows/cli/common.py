@@ -1,5 +1,7 @@
 """What every ``grpoflow`` command shares: the Typer app, the console, the option types, and how a command finds
-its config, store and registry (and says which it used, on stderr, so stdout stays the result)."""
+its config, store and registry (and says which it used, on stderr, so stdout stays the result).
+Must not import: a stage, torch or Prefect (every command imports it).
+"""
 
 from __future__ import annotations
 
@@ -83,8 +85,10 @@ def existing_store_uri(config: PipelineConfig, tracking_uri: str | None = None) 
     uri = store_uri(config, tracking_uri)
     local = local_store_path(uri)
     if local is not None and not local.exists():
-        raise ConfigError(f"no tracking store at {local} (nothing has run with this config's output_dir yet): "
-                          "give the run's config with --config, or --tracking-uri")  # fmt: skip
+        raise ConfigError(
+            f"no tracking store at {local} (nothing has run with this config's output_dir yet): "
+            "give the run's config with --config, or --tracking-uri"
+        )
     return uri
 
 

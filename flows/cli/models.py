@@ -1,4 +1,6 @@
-"""Using a registered version: ``generate``, ``evaluate``, ``export``."""
+"""Using a registered version: ``generate``, ``evaluate``, ``export``.
+Must not import: a stage, torch or Prefect at import; must not hold stage logic.
+"""
 
 from __future__ import annotations
 

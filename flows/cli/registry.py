@@ -1,4 +1,6 @@
-"""The registry commands: ``versions``, ``history``, ``rollback``, ``watch``, ``pin``, ``unpin``, ``migrate``."""
+"""The registry commands: ``versions``, ``history``, ``rollback``, ``watch``, ``pin``, ``unpin``, ``migrate``.
+Must not import: a stage, torch or Prefect at import; must not hold registry logic (``tasks.registry`` owns it).
+"""
 
 from __future__ import annotations
 
@@ -65,8 +67,10 @@ def history(
     from tasks.registry import reconcile
 
     moves, current = reconcile(registry_client(config, set_, tracking_uri), name)
-    rows = [{"#": str(m.seq), "version": m.version, "move": m.kind, "when": m.at or "-", "why": m.why, "by": m.by}
-            for m in moves]  # fmt: skip
+    rows = [
+        {"#": str(m.seq), "version": m.version, "move": m.kind, "when": m.at or "-", "why": m.why, "by": m.by}
+        for m in moves
+    ]
     print_table(f"{name}@champion history (now: {'v' + current if current else 'none'})", rows)
 
 

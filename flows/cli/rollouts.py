@@ -1,5 +1,7 @@
 """The rollout ledger's commands: ``rollouts`` (browse and filter a run's samples) and ``rescore`` (what another
-reward would have said about them)."""
+reward would have said about them).
+Must not import: a stage, torch or Prefect at import; must not hold scoring logic (``tasks.evaluation`` owns it).
+"""
 
 from __future__ import annotations
 
@@ -40,8 +42,10 @@ def ledger_rows(run: str, config: Any, tracking_uri: str | None) -> list[dict[st
         query = f"tags.`{RUN_ID_TAG}` = '{run}' and tags.`grpoflow.stage` = 'grpo'"
         runs = client.search_runs([experiment.experiment_id], query, max_results=1)
     if not runs:
-        raise UserError(f"no rollout ledger for {run!r}: not a folder with one, not under {config.output_dir}, and "
-                        f"no GRPO stage of that run id in {uri}")  # fmt: skip
+        raise UserError(
+            f"no rollout ledger for {run!r}: not a folder with one, not under {config.output_dir}, and "
+            f"no GRPO stage of that run id in {uri}"
+        )
     with tempfile.TemporaryDirectory(prefix="grpoflow-ledger-") as scratch:  # rows are read into memory
         return read_ledger(Path(client.download_artifacts(runs[0].info.run_id, LEDGER_DIR, scratch)))
 
@@ -55,8 +59,12 @@ def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
     for row in rows:
         item = {key: row[key] for key in ("step", "prompt_id", "reward_total", "advantage", "trained") if key in row}
         item.update(prompt=str(row.get("prompt", ""))[-60:], completion=str(row.get("completion", ""))[:80])
-        shown.append({key: ("" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
-                      for key, value in item.items()})  # fmt: skip
+        shown.append(
+            {
+                key: ("" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+                for key, value in item.items()
+            }
+        )
     print_table(title, shown)
 
 
@@ -90,20 +98,40 @@ def rollouts(
             _show(pairs, output, "")
             return
         same = all(p["same_prompt"] for p in pairs)
-        title = (f"{run}: the same prompts at step ≤ {diff[0]} and ≥ {diff[1]} ({len(pairs)} shown)" if same else
-                 f"{run}: no prompt was sampled both by step {diff[0]} and from step {diff[1]} (each is drawn once per "
-                 f"epoch): steps {pairs[0]['step_a']} and {pairs[0]['step_b']}, group by group")  # fmt: skip
-        print_table(title, [
-            {"prompt_id": p["prompt_id"], "steps": f"{p['step_a']}→{p['step_b']}",
-             "reward": f"{p['reward_a']:.2f}→{p['reward_b']:.2f}", "early": str(p["completion_a"])[:50],
-             "late": str(p["completion_b"])[:50]} for p in pairs])  # fmt: skip
+        title = (
+            f"{run}: the same prompts at step ≤ {diff[0]} and ≥ {diff[1]} ({len(pairs)} shown)"
+            if same
+            else f"{run}: no prompt was sampled both by step {diff[0]} and from step {diff[1]} (each is drawn once per "
+            f"epoch): steps {pairs[0]['step_a']} and {pairs[0]['step_b']}, group by group"
+        )
+        print_table(
+            title,
+            [
+                {
+                    "prompt_id": p["prompt_id"],
+                    "steps": f"{p['step_a']}→{p['step_b']}",
+                    "reward": f"{p['reward_a']:.2f}→{p['reward_b']:.2f}",
+                    "early": str(p["completion_a"])[:50],
+                    "late": str(p["completion_b"])[:50],
+                }
+                for p in pairs
+            ],
+        )
         return
     span = None
     if steps:
         first, _, last = steps.partition(":")
         span = (int(first), int(last or first))
-    rows = filter_rows(rows, steps=span, reward=reward, min_value=min_value, max_value=max_value,
-                       prompt_id=prompt_id, text=grep, role=role or None)  # fmt: skip
+    rows = filter_rows(
+        rows,
+        steps=span,
+        reward=reward,
+        min_value=min_value,
+        max_value=max_value,
+        prompt_id=prompt_id,
+        text=grep,
+        role=role or None,
+    )
     if worst or best:
         rows = extreme_groups(rows, worst or best or 0, worst=bool(worst))
     total = len(rows)
@@ -137,10 +165,13 @@ def rescore(
     name = function.__name__
     problems = check_canaries(functions, [spec], kind_canaries(cfg.data.kind))
     if problems:
-        raise UserError(f"reward {name} fails {len(problems)} canary case(s), e.g. {problems[0].describe()}; fix "
-                        "it before re-scoring")  # fmt: skip
-    values = function(completions=[r["completion"] for r in rows], prompts=[r["prompt"] for r in rows],
-                      **reward_kwargs(rows))  # fmt: skip
+        raise UserError(
+            f"reward {name} fails {len(problems)} canary case(s), e.g. {problems[0].describe()}; fix "
+            "it before re-scoring"
+        )
+    values = function(
+        completions=[r["completion"] for r in rows], prompts=[r["prompt"] for r in rows], **reward_kwargs(rows)
+    )
     weights = {(s.name.rsplit(":", 1)[-1]): s.weight for s in cfg.rewards}
     report = rescore_report(rows, name, values, weights, weights.get(name, weight), cfg.grpo.scale_rewards)
     console.print(json.dumps(report, indent=2, default=str), soft_wrap=True)

@@ -1,4 +1,6 @@
-"""``grpoflow run``, ``check``, ``validate``, ``probe``: the pipeline and its first stages from the command line."""
+"""``grpoflow run``, ``check``, ``validate``, ``probe``: the pipeline and its first stages from the command line.
+Must not import: a stage, torch or Prefect at import; must not hold stage logic.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The servers around runs: ``up`` (the MLflow and Prefect UIs), ``deploy`` (Prefect deployments) and ``vllm-serve``
-(a vLLM server for GRPO's server mode)."""
+(a vLLM server for GRPO's server mode).
+Must not import: a stage, torch or Prefect at import; must not hold service logic (``flows.services`` owns it).
+"""
 
 from __future__ import annotations
 
@@ -48,8 +50,10 @@ def up(
     store = (store_file, cfg.output_dir / "mlartifacts")
     services = start_services(folder, prefect_port, mlflow_port, mlflow_store=store, prefect_home=prefect_home)
     record_up(services, uri)
-    console.print(f"Prefect UI  {services.prefect_url}   (runs in {prefect_home})\n"
-                  f"MLflow UI   {services.mlflow_url}   (store {uri})\nlogs        {folder}")  # fmt: skip
+    console.print(
+        f"Prefect UI  {services.prefect_url}   (runs in {prefect_home})\n"
+        f"MLflow UI   {services.mlflow_url}   (store {uri})\nlogs        {folder}"
+    )
     console.print(
         "grpoflow run/deploy on this machine now report here. For a worker, in another shell:\n"
         f"  export PREFECT_API_URL={services.prefect_api_url}\n"

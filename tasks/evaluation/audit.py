@@ -89,9 +89,11 @@ def copies_prompt(completion: str, prompt: str, n: int = 4) -> bool:
 
 
 def audit_rollouts(
-    rows: Sequence[dict[str, Any]], weights: dict[str, float], correctness: str | None,
+    rows: Sequence[dict[str, Any]],
+    weights: dict[str, float],
+    correctness: str | None,
     difference: dict[str, float] | None,
-) -> list[Finding]:  # fmt: skip
+) -> list[Finding]:
     """Every detector's finding on a run's ledger rows; ``weights`` the reward weights by function name,
     ``correctness`` the reward that says correct (None: none), ``difference`` the candidate's paired pass@1
     difference against its reference on the hold-out (``low``/``high``/``mean``)."""
@@ -101,10 +103,17 @@ def audit_rollouts(
     found = []
     rise = _mean([r.get("reward_total") for r in late]) - _mean([r.get("reward_total") for r in early])
     if difference is not None and rise >= MIN_REWARD_RISE and difference["low"] <= 0:
-        found.append(Finding("reward_without_correctness", (
-            f"the training reward rose {rise:+.3f} (first vs last third of the steps) but hold-out pass@1 did not: "
-            f"{difference['mean']:+.3f}, paired 95% CI [{difference['low']:+.3f}, {difference['high']:+.3f}]"),
-            {"reward_rise": rise, "pass1_gain": difference["mean"], "pass1_gain_low": difference["low"]}))  # fmt: skip
+        found.append(
+            Finding(
+                "reward_without_correctness",
+                (
+                    f"the training reward rose {rise:+.3f} (first vs last third of the steps) but hold-out "
+                    f"pass@1 did not: {difference['mean']:+.3f}, paired 95% CI "
+                    f"[{difference['low']:+.3f}, {difference['high']:+.3f}]"
+                ),
+                {"reward_rise": rise, "pass1_gain": difference["mean"], "pass1_gain_low": difference["low"]},
+            )
+        )
     key = f"reward/{correctness}" if correctness else None
     correct_rise = _mean([r.get(key) for r in late]) - _mean([r.get(key) for r in early]) if key else 0.0
     for name, weight in weights.items():
@@ -116,24 +125,47 @@ def audit_rollouts(
             own = sum(abs(weight * (r.get(f"reward/{name}") or 0.0)) for r in part)
             shares.append(own / total if total else 0.0)
         if shares[1] - shares[0] >= MIN_SHARE_RISE and correct_rise < MIN_REWARD_RISE:
-            found.append(Finding("auxiliary_share_grew", (
-                f"reward {name}'s share of the weighted total grew {shares[0]:.0%} → {shares[1]:.0%} while "
-                f"{correctness or 'correctness'} rose {correct_rise:+.3f}"),
-                {"share_early": shares[0], "share_late": shares[1], "correctness_rise": correct_rise}))  # fmt: skip
+            found.append(
+                Finding(
+                    "auxiliary_share_grew",
+                    (
+                        f"reward {name}'s share of the weighted total grew {shares[0]:.0%} → {shares[1]:.0%} while "
+                        f"{correctness or 'correctness'} rose {correct_rise:+.3f}"
+                    ),
+                    {"share_early": shares[0], "share_late": shares[1], "correctness_rise": correct_rise},
+                )
+            )
     length = [_mean([r.get("completion_tokens") for r in part]) for part in (early, late)]
     clipped = [_mean([float(bool(r.get("clipped"))) for r in part]) for part in (early, late)]
     if (length[0] and length[1] / length[0] >= LENGTH_FACTOR) or clipped[1] - clipped[0] >= CLIPPED_RISE:
-        found.append(Finding("length_grew", (
-            f"completions grew from {length[0]:.1f} to {length[1]:.1f} tokens on average; clipped share "
-            f"{clipped[0]:.0%} → {clipped[1]:.0%}"),
-            {"tokens_early": length[0], "tokens_late": length[1], "clipped_early": clipped[0],
-             "clipped_late": clipped[1]}))  # fmt: skip
+        found.append(
+            Finding(
+                "length_grew",
+                (
+                    f"completions grew from {length[0]:.1f} to {length[1]:.1f} tokens on average; clipped share "
+                    f"{clipped[0]:.0%} → {clipped[1]:.0%}"
+                ),
+                {
+                    "tokens_early": length[0],
+                    "tokens_late": length[1],
+                    "clipped_early": clipped[0],
+                    "clipped_late": clipped[1],
+                },
+            )
+        )
     repeated = [_mean([repetition(str(r.get("completion", ""))) for r in part]) for part in (early, late)]
     if repeated[1] - repeated[0] >= REPETITION_RISE:
-        found.append(Finding("repetition_rose", f"repeated word 3-grams rose {repeated[0]:.0%} → {repeated[1]:.0%}",
-                             {"repetition_early": repeated[0], "repetition_late": repeated[1]}))  # fmt: skip
-    copying = [_mean([float(copies_prompt(str(r.get("completion", "")), str(r.get("prompt", "")))) for r in part])
-               for part in (early, late)]  # fmt: skip
+        found.append(
+            Finding(
+                "repetition_rose",
+                f"repeated word 3-grams rose {repeated[0]:.0%} → {repeated[1]:.0%}",
+                {"repetition_early": repeated[0], "repetition_late": repeated[1]},
+            )
+        )
+    copying = [
+        _mean([float(copies_prompt(str(r.get("completion", "")), str(r.get("prompt", "")))) for r in part])
+        for part in (early, late)
+    ]
     if copying[1] >= COPYING_SHARE and copying[1] - copying[0] >= 0.1:
         message = f"{copying[1]:.0%} of late completions copy their prompt ({copying[0]:.0%} early)"
         found.append(Finding("prompt_copying", message, {"copying_early": copying[0], "copying_late": copying[1]}))

@@ -93,8 +93,9 @@ def completions_key(model_key: str, prompts: list[str], settings: dict[str, Any]
     >>> a == completions_key("m", ["1+1?"], {"seed": 0}), a == completions_key("m", ["1+1?"], {"seed": 1})
     (True, False)
     """
-    payload = json.dumps({"model": model_key, "prompts": prompts, "settings": settings, "version": VERSION},
-                         sort_keys=True)  # fmt: skip
+    payload = json.dumps(
+        {"model": model_key, "prompts": prompts, "settings": settings, "version": VERSION}, sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
@@ -142,15 +143,25 @@ def sample_for_evaluation(
     if settings.cache and not server:
         from tasks.speedups import speedups_on
 
-        key = completions_key(model_content_key(spec.base_model_dir, spec.adapter_dir), prompts, {
-            "n": settings.n_samples, "temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens,
-            "batch_size": settings.batch_size, "seed": config.seed, "precision": config.model.precision,
-            "backend": sampler.backend, "stock": not speedups_on(config.grpo.speedups),
-        })  # fmt: skip
+        key = completions_key(
+            model_content_key(spec.base_model_dir, spec.adapter_dir),
+            prompts,
+            {
+                "n": settings.n_samples,
+                "temperature": settings.temperature,
+                "max_new_tokens": settings.max_new_tokens,
+                "batch_size": settings.batch_size,
+                "seed": config.seed,
+                "precision": config.model.precision,
+                "backend": sampler.backend,
+                "stock": not speedups_on(config.grpo.speedups),
+            },
+        )
         entry = load_completions(key)
         if entry is not None:
-            logger.info("evaluate %s: completions from the evaluation cache (same model, prompts and settings)",
-                        spec.name)  # fmt: skip
+            logger.info(
+                "evaluate %s: completions from the evaluation cache (same model, prompts and settings)", spec.name
+            )
             for name, value in entry["stats"].items():
                 setattr(stats, name, value)
             return entry["greedy"], entry["sampled"]
@@ -161,6 +172,10 @@ def sample_for_evaluation(
         greedy = sampler.sample(prompts, greedy=True, seed=config.seed, **common)
         sampled = sampler.sample(prompts, **sampling)
     if key is not None:
-        save_completions(key, greedy, sampled, {"sequences": stats.sequences, "new_tokens": stats.new_tokens,
-                                                 "seconds": stats.seconds})  # fmt: skip
+        save_completions(
+            key,
+            greedy,
+            sampled,
+            {"sequences": stats.sequences, "new_tokens": stats.new_tokens, "seconds": stats.seconds},
+        )
     return greedy, sampled

@@ -133,8 +133,9 @@ def choice_logprobs(
             if longer:
                 rows = torch.tensor([options[n][0] for n in longer], device=device)
                 cache.batch_select_indices(rows)  # each continuing choice gets its question's cache row
-                follow = torch.full((len(longer), max(len(options[n][1]) for n in longer) - 1), pad_id,
-                                    dtype=torch.long, device=device)  # fmt: skip
+                follow = torch.full(
+                    (len(longer), max(len(options[n][1]) for n in longer) - 1), pad_id, dtype=torch.long, device=device
+                )
                 follow_mask = torch.zeros_like(follow)
                 for slot, n in enumerate(longer):
                     option = options[n][1]
@@ -142,8 +143,13 @@ def choice_logprobs(
                     follow_mask[slot, : len(option) - 1] = 1
                 attention = torch.cat([mask[rows], follow_mask], dim=1)
                 positions = mask.sum(dim=-1, keepdim=True)[rows] + torch.arange(follow.shape[1], device=device)[None, :]
-                logits = model(input_ids=follow, attention_mask=attention, position_ids=positions, use_cache=True,
-                               **with_cache(cache)).logits  # fmt: skip
+                logits = model(
+                    input_ids=follow,
+                    attention_mask=attention,
+                    position_ids=positions,
+                    use_cache=True,
+                    **with_cache(cache),
+                ).logits
                 rest = dict(zip(longer, torch.log_softmax(logits.float(), dim=-1), strict=True))
             for n, (row, option) in enumerate(options):
                 total = float(first[row, option[0]])
@@ -165,10 +171,12 @@ def qa_by_likelihood(
     """1 per question whose likeliest choice is an accepted answer, else 0: each choice scored by its
     log-likelihood per character after ``Question: …\\nAnswer:`` (plain text, as likelihood evaluations do: no
     chat template, whose system prompt would triple the tokens)."""
-    contexts = [tokenizer(f"Question: {item['question']}\nAnswer:", add_special_tokens=False)["input_ids"]
-                for item in items]  # fmt: skip
-    options = [[tokenizer(f" {choice}", add_special_tokens=False)["input_ids"] for choice in item["choices"]]
-               for item in items]  # fmt: skip
+    contexts = [
+        tokenizer(f"Question: {item['question']}\nAnswer:", add_special_tokens=False)["input_ids"] for item in items
+    ]
+    options = [
+        [tokenizer(f" {choice}", add_special_tokens=False)["input_ids"] for choice in item["choices"]] for item in items
+    ]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     scores = choice_logprobs(model, contexts, options, pad, batch_size, report)
     correct = []
@@ -186,8 +194,16 @@ def qa_by_generation(
 ) -> list[int]:
     """For question sets without choices (``{question, answers}``): greedy answers matched by whole words."""
     prompts = [render_prompt(tokenizer, [{"role": "user", "content": item["question"]}]) for item in items]
-    answers = generate_completions(model, tokenizer, prompts, greedy=True, max_new_tokens=16, batch_size=batch_size,
-                                   precision=precision, stock=stock)  # fmt: skip
+    answers = generate_completions(
+        model,
+        tokenizer,
+        prompts,
+        greedy=True,
+        max_new_tokens=16,
+        batch_size=batch_size,
+        precision=precision,
+        stock=stock,
+    )
     return [int(answer_matches(a[0], item["answers"])) for a, item in zip(answers, items, strict=True)]
 
 

@@ -68,8 +68,13 @@ def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: Poli
     settings = config.evaluation
     model = shelf.policy(spec) if pipeline_backend(config) == "transformers" else None
     sampler = policy_sampler(config, spec.base_model_dir, spec.adapter_dir, settings.batch_size, model=model)
-    logger.info("evaluate %s: sampling %d prompts, greedy + %d samples each, with %s", spec.name, len(rows),
-                settings.n_samples, sampler.backend)  # fmt: skip
+    logger.info(
+        "evaluate %s: sampling %d prompts, greedy + %d samples each, with %s",
+        spec.name,
+        len(rows),
+        settings.n_samples,
+        sampler.backend,
+    )
     prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     stats = GenerationStats()
     counted = JobShare(report, len(rows))

@@ -106,8 +106,13 @@ def run_jobs(jobs: Sequence[Job], processes: int = 1, report: Report | None = No
         board.worker_alive = True  # before this process takes a job: it must not take the whole machine
         listener = threading.Thread(target=board.serve, args=(ours, worker), daemon=True)
         listener.start()
-        logger.info("%d jobs (%s, ...) in 2 processes, %d torch thread%s each", len(jobs), jobs[0].name, share,
-                    "" if share == 1 else "s")  # fmt: skip
+        logger.info(
+            "%d jobs (%s, ...) in 2 processes, %d torch thread%s each",
+            len(jobs),
+            jobs[0].name,
+            share,
+            "" if share == 1 else "s",
+        )
         board.run_here(whole=threads)
         if board.failure is not None:  # a job failed: the worker's job is not waited for
             worker.kill()
@@ -218,8 +223,11 @@ class _Board:
                 if index is not None:
                     self.pending.insert(0, index)
                 if self.failure is None:
-                    logger.warning("the forked worker stopped (%s, exit code %s): this process goes on alone",
-                                   type(exc).__name__, worker.exitcode)  # fmt: skip
+                    logger.warning(
+                        "the forked worker stopped (%s, exit code %s): this process goes on alone",
+                        type(exc).__name__,
+                        worker.exitcode,
+                    )
         finally:
             with self.changed:
                 self.worker_alive = False

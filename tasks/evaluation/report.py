@@ -66,14 +66,17 @@ def watch_table(scores: Any, versions: Mapping[str, str]) -> list[dict[str, Any]
             continue
         difference = scores.differences.get(f"{role}-vs-champion")
         drop = scores.forgetting.get(role)
-        rows.append({
-            "role": role,
-            "version": f"v{versions[role]}" if role in versions else "-",
-            "greedy": f"{score.greedy_accuracy:.1%}",
-            "pass@1": f"{score.pass_at_k.get(1, float('nan')):.1%}",
-            "vs champion (95% CI)": "-" if difference is None else
-            f"{difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}]",
-            "QA drop vs base": _with_interval(drop, "qa_accuracy_drop", "qa_drop_interval"),
-            "ppl rise vs base": _with_interval(drop, "perplexity_increase", "perplexity_interval"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "role": role,
+                "version": f"v{versions[role]}" if role in versions else "-",
+                "greedy": f"{score.greedy_accuracy:.1%}",
+                "pass@1": f"{score.pass_at_k.get(1, float('nan')):.1%}",
+                "vs champion (95% CI)": "-"
+                if difference is None
+                else f"{difference['mean']:+.1%} [{difference['low']:+.1%}, {difference['high']:+.1%}]",
+                "QA drop vs base": _with_interval(drop, "qa_accuracy_drop", "qa_drop_interval"),
+                "ppl rise vs base": _with_interval(drop, "perplexity_increase", "perplexity_interval"),
+            }
+        )
     return rows

@@ -110,12 +110,19 @@ def diff_steps(rows: Sequence[dict[str, Any]], early: int, late: int) -> list[di
         late_groups = [g for g in groups if g[0]["step"] == last]
         pairs = [(a, b, False) for a, b in zip(early_groups, late_groups, strict=False)]
     return [
-        {"same_prompt": same, "prompt_id": a[0]["prompt_id"] if same else f"{a[0]['prompt_id']} / {b[0]['prompt_id']}",
-         "prompt": a[0]["prompt"], "step_a": a[0]["step"], "step_b": b[0]["step"],
-         "reward_a": _mean([r.get("reward_total") for r in a]), "reward_b": _mean([r.get("reward_total") for r in b]),
-         "completion_a": a[0]["completion"], "completion_b": b[0]["completion"]}
+        {
+            "same_prompt": same,
+            "prompt_id": a[0]["prompt_id"] if same else f"{a[0]['prompt_id']} / {b[0]['prompt_id']}",
+            "prompt": a[0]["prompt"],
+            "step_a": a[0]["step"],
+            "step_b": b[0]["step"],
+            "reward_a": _mean([r.get("reward_total") for r in a]),
+            "reward_b": _mean([r.get("reward_total") for r in b]),
+            "completion_a": a[0]["completion"],
+            "completion_b": b[0]["completion"],
+        }
         for a, b, same in pairs
-    ]  # fmt: skip
+    ]
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -154,9 +161,13 @@ def group_advantages(totals: Sequence[float], scale: str = "group") -> list[floa
 
 
 def rescore_report(
-    rows: Sequence[dict[str, Any]], name: str, new_values: Sequence[float | None], weights: dict[str, float],
-    weight: float, scale: str = "group",
-) -> dict[str, Any]:  # fmt: skip
+    rows: Sequence[dict[str, Any]],
+    name: str,
+    new_values: Sequence[float | None],
+    weights: dict[str, float],
+    weight: float,
+    scale: str = "group",
+) -> dict[str, Any]:
     """How a reward change would have changed training: ``new_values`` (one per GRPO row) replace the function
     ``name`` in the weighted total (or join it with ``weight``). Agreement with the old values of ``name`` (or
     with the old total), groups that turn informative or uninformative, and the advantages' correlation with TRL's."""
@@ -185,11 +196,15 @@ def rescore_report(
         old_adv += [m["advantage"] for m in members]
         new_adv += group_advantages(new, scale)
     return {
-        "reward": name, "rows": len(rows), "compared_rows": len(both),
+        "reward": name,
+        "rows": len(rows),
+        "compared_rows": len(both),
         "agreement": agree / len(both) if both else math.nan,
         "value_correlation": correlation([o for o, _ in both], [v for _, v in both]),
-        "groups": groups, **flips, "advantage_correlation": correlation(old_adv, new_adv),
-    }  # fmt: skip
+        "groups": groups,
+        **flips,
+        "advantage_correlation": correlation(old_adv, new_adv),
+    }
 
 
 def reward_kwargs(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:

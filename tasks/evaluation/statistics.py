@@ -137,9 +137,14 @@ def forgetting_problem(drop: dict[str, Any] | None, settings: PromotionSettings,
     test = settings.forgetting_test
     checks = (
         ("qa_accuracy_drop", "qa_drop_interval", settings.max_qa_accuracy_drop, "general QA accuracy fell", " points"),
-        ("perplexity_increase", "perplexity_interval", settings.max_perplexity_increase,
-         "general-text perplexity rose", " %"),
-    )  # fmt: skip
+        (
+            "perplexity_increase",
+            "perplexity_interval",
+            settings.max_perplexity_increase,
+            "general-text perplexity rose",
+            " %",
+        ),
+    )
     scale = 100
     for point, interval, tolerance, what, unit in checks:
         if _bound(drop, point, interval, test) > tolerance:
@@ -147,8 +152,10 @@ def forgetting_problem(drop: dict[str, Any] | None, settings: PromotionSettings,
             if interval in drop:
                 low, high = drop[interval]
                 shown = f" (95% CI [{scale * low:.1f}, {scale * high:.1f}])"
-            return (f"forgetting against {against}: {what} {scale * drop[point]:.1f}{unit}{shown} — beyond the "
-                    f"tolerance of {scale * tolerance:.1f}")  # fmt: skip
+            return (
+                f"forgetting against {against}: {what} {scale * drop[point]:.1f}{unit}{shown} — beyond the "
+                f"tolerance of {scale * tolerance:.1f}"
+            )
     return None
 
 

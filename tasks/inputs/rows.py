@@ -82,14 +82,18 @@ def normalize_math(raw: Any) -> str:
         # Not thousands groups (``plain_number`` said so): one comma may be a decimal comma, several may group
         # digits another way (12,34,567 in Indian notation); or it is a list.
         number = text.replace(",", ".") if text.count(",") == 1 else text.replace(",", "")
-        raise RowProblem(f"math answer {text!r} is ambiguous: a decimal comma or a list? (write {number} or "
-                         f"{text.replace(',', ', ')})")  # fmt: skip
+        raise RowProblem(
+            f"math answer {text!r} is ambiguous: a decimal comma or a list? (write {number} or "
+            f"{text.replace(',', ', ')})"
+        )
     if is_prose(text):
         raise RowProblem(f"math answer {text!r} is words, not a mathematical answer (use data.kind exact or label)")
     if not parse_gold(text):
         if (fragment := partial_parse(text)) is not None:
-            raise RowProblem(f"math answer {text!r} is read only in part by math-verify (as {fragment}); rewrite it "
-                             "so that all of it is LaTeX math-verify parses")  # fmt: skip
+            raise RowProblem(
+                f"math answer {text!r} is read only in part by math-verify (as {fragment}); rewrite it "
+                "so that all of it is LaTeX math-verify parses"
+            )
         raise RowProblem(f"math answer {text!r} is not parseable by math-verify")
     return text
 

@@ -85,16 +85,22 @@ def _agrees(model: Any, new_cache: Callable[[], DynamicCache] | None) -> bool:
     def second_step(select: torch.Tensor | None) -> torch.Tensor:
         cache = DynamicCache(config=model.config) if new_cache is None else new_cache()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        first = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                      **with_cache(cache)).logits[:, -1]  # fmt: skip
+        first = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **with_cache(cache)
+        ).logits[:, -1]
         token, attention = first.argmax(-1, keepdim=True), mask
         if select is not None:
             cache.batch_select_indices(select)
             token, attention = token[select], attention[select]
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
         positions = attention.sum(-1, keepdim=True) - 1
-        return model(input_ids=token, attention_mask=attention, position_ids=positions, use_cache=True,
-                     **with_cache(cache)).logits[:, -1].float()  # fmt: skip
+        return (
+            model(
+                input_ids=token, attention_mask=attention, position_ids=positions, use_cache=True, **with_cache(cache)
+            )
+            .logits[:, -1]
+            .float()
+        )
 
     was_training = model.training
     model.eval()

@@ -21,10 +21,21 @@ def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 # Generation settings ``_decode`` implements; anything else set goes to ``generate``.
 _DECODE_SETTINGS = {
-    "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "pad_token_id", "bos_token_id",
-    "eos_token_id", "cache_implementation", "disable_compile", "use_cache", "transformers_version",
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "cache_implementation",
+    "disable_compile",
+    "use_cache",
+    "transformers_version",
     "repetition_penalty",
-}  # fmt: skip
+}
 
 
 def decodable(generation_config: Any) -> bool:

@@ -79,8 +79,16 @@ def generate_completions(
     if not prompts:
         return []
     if greedy_first and (greedy or stock):  # transformers' generate decodes one way per call: two passes
-        common = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed, "progress": progress,
-                  "stats": stats, "precision": precision, "stock": stock, "part": part}  # fmt: skip
+        common = {
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "seed": seed,
+            "progress": progress,
+            "stats": stats,
+            "precision": precision,
+            "stock": stock,
+            "part": part,
+        }
         first = generate_completions(model, tokenizer, prompts, greedy=True, **common)
         rest = [] if greedy else generate_completions(model, tokenizer, prompts, n=n, temperature=temperature, **common)
         return [g + r for g, r in zip(first, rest or [[] for _ in prompts], strict=True)]

@@ -53,9 +53,14 @@ class TransformersSampler:
         from tasks.models.generation import generate_completions
 
         return generate_completions(
-            self.model, self.tokenizer, prompts, batch_size=self.batch_size, precision=self.precision,
-            stock=self.stock, **settings,
-        )  # fmt: skip
+            self.model,
+            self.tokenizer,
+            prompts,
+            batch_size=self.batch_size,
+            precision=self.precision,
+            stock=self.stock,
+            **settings,
+        )
 
     def sample_with_greedy(self, prompts: Sequence[str], **settings: Any) -> tuple[list[list[str]], list[list[str]]]:
         """Each prompt's greedy completion and its ``n`` samples, decoded together from one prefill (what
@@ -85,8 +90,10 @@ def resolve_backend(backend: str, mode: str = "colocate", cuda: bool | None = No
     if mode == "server":
         return "vllm"
     if backend == "vllm" and not vllm:
-        raise UserError(f"grpo.generation.backend is 'vllm' but vLLM is not installed here: {INSTALL_HINT}, "
-                        "or set grpo.generation.backend to auto")  # fmt: skip
+        raise UserError(
+            f"grpo.generation.backend is 'vllm' but vLLM is not installed here: {INSTALL_HINT}, "
+            "or set grpo.generation.backend to auto"
+        )
     return "vllm" if backend == "vllm" or (cuda and vllm) else "transformers"
 
 
@@ -162,8 +169,13 @@ def pipeline_server_command(
 
     spec = pipeline_engine_spec(config, base_model_dir)
     command = server_command(
-        base_model_dir, host=host, port=port, dtype=spec.dtype, max_lora_rank=spec.max_lora_rank,
-        max_model_len=spec.max_model_len, kv_cache_bytes=spec.kv_cache_bytes,
+        base_model_dir,
+        host=host,
+        port=port,
+        dtype=spec.dtype,
+        max_lora_rank=spec.max_lora_rank,
+        max_model_len=spec.max_model_len,
+        kv_cache_bytes=spec.kv_cache_bytes,
         gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
-    )  # fmt: skip
+    )
     return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}

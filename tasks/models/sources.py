@@ -96,8 +96,9 @@ def prepare_in_background(source: str) -> subprocess.Popen[bytes] | None:
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}  # the conversion is serial; leave the run its cores
     quiet = subprocess.DEVNULL
     repo = Path(__file__).resolve().parents[2]
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=quiet, stdout=quiet, stderr=quiet, env=environment,
-                             cwd=repo)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=quiet, stdout=quiet, stderr=quiet, env=environment, cwd=repo
+    )
     _CHILDREN.append(child)  # held, so that it is not reported as a process left running when its handle goes
     return child
 

@@ -49,11 +49,30 @@ def server_command(
     ['python', '-m', 'vllm.entrypoints.openai.api_server', '--model']
     """
     command = [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", SERVED_BASE_NAME, "--host", host, "--port", str(port), "--dtype", dtype,
-        "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1",
-        "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs", "--enforce-eager",
-    ]  # fmt: skip
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_BASE_NAME,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-loras",
+        "1",
+        "--max-model-len",
+        str(max_model_len),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--enforce-eager",
+    ]
     if kv_cache_bytes is not None:
         command += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
     if gpu_memory_utilization is not None:
@@ -198,8 +217,9 @@ class ServerSampler(EngineSampler):
         if self.adapter_dir is not None:
             model = f"eval-{time.monotonic_ns()}"
             self.client.load_adapter(model, self.adapter_dir)
-        answer = self.client.generate(encoded, n=n, temperature=temperature, max_tokens=max_new_tokens,
-                                      logprobs=None, model=model)  # fmt: skip
+        answer = self.client.generate(
+            encoded, n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=None, model=model
+        )
         texts, ids = answer["texts"], answer["completion_ids"]
         return [
             (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(encoded))

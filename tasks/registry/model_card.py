@@ -67,10 +67,12 @@ def _table(evaluation: Any) -> str:
     )
     forgot = "".join(
         f"\n\nForgetting against {against} (95 % CIs): {describe(drop)}."
-        for against, drop in (("the base model", evaluation.forgetting),
-                              ("the champion", getattr(evaluation, "forgetting_reference", None)))
+        for against, drop in (
+            ("the base model", evaluation.forgetting),
+            ("the champion", getattr(evaluation, "forgetting_reference", None)),
+        )
         if drop
-    )  # fmt: skip
+    )
     return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot
 
 

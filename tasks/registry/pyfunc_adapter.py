@@ -6,6 +6,8 @@ puts the adapter on top and answers prompts.
 Input: a list of prompts (strings), or a DataFrame whose first column holds them. Params: ``max_new_tokens``,
 ``temperature`` (0 = greedy). Output: one completion per prompt.
 Needs grpoflow installed where it is loaded (``--env-manager local``).
+Must not import: Prefect, the stages, or torch and transformers at import (MLflow loads this file to list the
+model, before it loads the model).
 """
 
 from __future__ import annotations

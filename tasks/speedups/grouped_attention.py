@@ -173,8 +173,13 @@ def _agrees(model: Any, device_type: str) -> bool:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
             for _ in range(4):
-                out = model(input_ids=step, attention_mask=attention, position_ids=positions, use_cache=True,
-                            **with_cache(cache)).logits[:, -1]  # fmt: skip
+                out = model(
+                    input_ids=step,
+                    attention_mask=attention,
+                    position_ids=positions,
+                    use_cache=True,
+                    **with_cache(cache),
+                ).logits[:, -1]
                 logits.append(out.float())
                 step = out.argmax(-1, keepdim=True)
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)

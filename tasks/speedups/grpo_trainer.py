@@ -160,8 +160,12 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         gap = (ours - theirs).abs()[kept].max().item() if kept.any() else 0.0
         tolerance = 1e-3
         if gap > tolerance or gap != gap:  # NaN too
-            logger.warning("shared prefill off: its log-probs differ from TRL's by up to %.3g (> %g, both in fp32); "
-                           "TRL's own loss path is used", gap, tolerance)  # fmt: skip
+            logger.warning(
+                "shared prefill off: its log-probs differ from TRL's by up to %.3g (> %g, both in fp32); "
+                "TRL's own loss path is used",
+                gap,
+                tolerance,
+            )
             return False
         logger.info("shared prefill checked against TRL's log-probs (fp32): max |difference| %.2g", gap)
         return True
@@ -184,9 +188,15 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
         several = self.accelerator.num_processes > 1
         if compute_aux_loss or input_ids.is_cuda or several or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **multimodal,
-            )  # fmt: skip
+            )
         chunk = batch_size or input_ids.size(0)  # TRL's chunking bounds the (rows × tokens × vocab) logits
         if self._shared_prefill_agrees is None:
             rows = rows_to_check(input_ids[:chunk], attention_mask[:chunk], logits_to_keep)
@@ -195,9 +205,15 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
             )
         if not self._shared_prefill_agrees:
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **multimodal,
-            )  # fmt: skip
+            )
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), chunk):
             ids, mask = input_ids[start : start + chunk], attention_mask[start : start + chunk]

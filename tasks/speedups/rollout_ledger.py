@@ -23,8 +23,9 @@ _REQUIRED = ("completion_ids", "completion_mask", "prompt_mask", "advantages")
 class RolloutLedgerMixin:
     """Records each round's samples (``ledger``: a ``LedgerRecorder``; None records nothing)."""
 
-    def __init__(self, *args: Any, ledger: LedgerRecorder | None = None, backend: str = "transformers",
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *args: Any, ledger: LedgerRecorder | None = None, backend: str = "transformers", **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.ledger = ledger
         self.ledger_backend = backend
@@ -55,8 +56,9 @@ class RolloutLedgerMixin:
         rewards = self._ledger_rewards[start : start + count].float().cpu()  # TRL gathers every rank's rewards
         weights = self.reward_weights.float().cpu()
         ids, mask = output["completion_ids"].cpu(), output["completion_mask"].cpu().bool()
-        texts = self.processing_class.batch_decode([row[m].tolist() for row, m in zip(ids, mask, strict=True)],
-                                                   skip_special_tokens=True)  # fmt: skip
+        texts = self.processing_class.batch_decode(
+            [row[m].tolist() for row, m in zip(ids, mask, strict=True)], skip_special_tokens=True
+        )
         lengths = mask.sum(dim=1).tolist()
         eos = set(self.eos_token_ids) if getattr(self, "eos_token_ids", None) else set()
         advantages = output["advantages"].float().cpu().tolist()
@@ -68,16 +70,26 @@ class RolloutLedgerMixin:
             total = float((rewards[i].nan_to_num(0.0) * weights).sum()) if judged else None
             last = int(ids[i][mask[i]][-1]) if lengths[i] else None
             columns = {k: v for k, v in item.items() if k not in ("prompt", "id")}
-            rows.append({
-                "role": "grpo", "prompt_id": str(item.get("id", "")), "group": (before + i) // self.num_generations,
-                "prompt": item["prompt"] if isinstance(item["prompt"], str) else json.dumps(item["prompt"]),
-                "completion": texts[i], "prompt_tokens": int(prompt_tokens[i]), "completion_tokens": int(lengths[i]),
-                "clipped": bool(lengths[i] >= self.max_completion_length and last not in eos),
-                **{f"{REWARD_PREFIX}{name}": (None if v != v else float(v))
-                   for name, v in zip(self.reward_func_names, values, strict=True)},
-                "reward_total": total, "advantage": float(advantages[i]), "backend": self.ledger_backend,
-                "columns": json.dumps(columns, default=str),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "role": "grpo",
+                    "prompt_id": str(item.get("id", "")),
+                    "group": (before + i) // self.num_generations,
+                    "prompt": item["prompt"] if isinstance(item["prompt"], str) else json.dumps(item["prompt"]),
+                    "completion": texts[i],
+                    "prompt_tokens": int(prompt_tokens[i]),
+                    "completion_tokens": int(lengths[i]),
+                    "clipped": bool(lengths[i] >= self.max_completion_length and last not in eos),
+                    **{
+                        f"{REWARD_PREFIX}{name}": (None if v != v else float(v))
+                        for name, v in zip(self.reward_func_names, values, strict=True)
+                    },
+                    "reward_total": total,
+                    "advantage": float(advantages[i]),
+                    "backend": self.ledger_backend,
+                    "columns": json.dumps(columns, default=str),
+                }
+            )
         return rows
 
     def ledger_commit(self, kept_rows: list[int] | None) -> None:
@@ -89,8 +101,12 @@ class RolloutLedgerMixin:
         self._ledger_batches += 1
         kept = set(range(len(pending))) if kept_rows is None else set(kept_rows)
         for index, row in enumerate(pending):
-            row.update(step=self.state.global_step + 1, generation_batch=self._ledger_batches, trained=index in kept,
-                       rank=self.accelerator.process_index)  # fmt: skip
+            row.update(
+                step=self.state.global_step + 1,
+                generation_batch=self._ledger_batches,
+                trained=index in kept,
+                rank=self.accelerator.process_index,
+            )
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 

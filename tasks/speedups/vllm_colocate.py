@@ -137,8 +137,14 @@ def _vllm_generation_class() -> type:
             size = sum(f.stat().st_size for f in folder.iterdir())
             record = SyncRecord(self.current_step, name, adapter_digest(folder), size, time.perf_counter() - started)
             self.record.syncs.append(record)
-            logger.debug("adapter sync %d: step %d, %d bytes in %.3f s, sha256 %s", number, record.step, size,
-                         record.seconds, record.digest)  # fmt: skip
+            logger.debug(
+                "adapter sync %d: step %d, %d bytes in %.3f s, sha256 %s",
+                number,
+                record.step,
+                size,
+                record.seconds,
+                record.digest,
+            )
             if self.mode == "server":
                 self.accelerator.wait_for_everyone()
 
@@ -187,8 +193,10 @@ class VllmAdapterSync:
         if not hasattr(grpo_module, "VLLMGeneration"):
             import trl
 
-            raise RuntimeError(f"TRL {trl.__version__} builds its vLLM generation differently from TRL 1.16, which "
-                               "grpoflow's adapter-only vLLM sync was written for: use the lock's TRL")  # fmt: skip
+            raise RuntimeError(
+                f"TRL {trl.__version__} builds its vLLM generation differently from TRL 1.16, which "
+                "grpoflow's adapter-only vLLM sync was written for: use the lock's TRL"
+            )
         original = grpo_module.VLLMGeneration
         grpo_module.VLLMGeneration = functools.partial(
             _vllm_generation_class(), setup=vllm_setup, record=self.generation_record

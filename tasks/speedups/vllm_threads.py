@@ -29,5 +29,6 @@ def keep_thread_control(threads: int) -> Iterator[None]:
         torch.set_num_threads = _SET_NUM_THREADS
         torch.set_num_threads(threads)
         if torch.get_num_threads() != threads:
-            logger.warning("torch threads are %d after the vLLM engine started, not %d", torch.get_num_threads(),
-                           threads)  # fmt: skip
+            logger.warning(
+                "torch threads are %d after the vLLM engine started, not %d", torch.get_num_threads(), threads
+            )

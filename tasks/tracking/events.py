@@ -23,8 +23,9 @@ def _emit(event: str, resource_id: str, name: str, payload: dict[str, Any]) -> N
     try:
         from prefect.events import emit_event
 
-        emit_event(event=event, resource={"prefect.resource.id": resource_id, "prefect.resource.name": name},
-                   payload=payload)  # fmt: skip
+        emit_event(
+            event=event, resource={"prefect.resource.id": resource_id, "prefect.resource.name": name}, payload=payload
+        )
     except Exception as exc:
         logger.warning("could not emit Prefect event %s: %s", event, exc)
 

@@ -328,9 +328,13 @@ def close_pipeline(tracker: Tracker, status: str, summary: dict[str, Any]) -> bo
     except Exception as exc:
         logger.warning(
             "could not close the MLflow runs of %s at %s (%s: %s); they are closed when the run is resumed "
-            "(grpoflow run --resume %s)", tracker.run_id, tracker.tracking_uri, type(exc).__name__, str(exc)[:200],
+            "(grpoflow run --resume %s)",
             tracker.run_id,
-        )  # fmt: skip
+            tracker.tracking_uri,
+            type(exc).__name__,
+            str(exc)[:200],
+            tracker.run_id,
+        )
         return False
 
 

@@ -57,8 +57,10 @@ class SamplerAgreementGuard(TrainerCallback):
         if mean is None or self.seen >= self.steps:
             return
         self.seen += 1
-        numbers = (f"mean {mean:.4f}, max {logs.get(f'{self.KEY}/max', float('nan')):.4f}; importance-sampling "
-                   f"ratio mean {logs.get('sampling/importance_sampling_ratio/mean', float('nan')):.3f}")  # fmt: skip
+        numbers = (
+            f"mean {mean:.4f}, max {logs.get(f'{self.KEY}/max', float('nan')):.4f}; importance-sampling "
+            f"ratio mean {logs.get('sampling/importance_sampling_ratio/mean', float('nan')):.3f}"
+        )
         logging.getLogger(__name__).info("step %d: vLLM vs trainer log-probs: %s", state.global_step, numbers)
         if not mean <= self.bound:  # NaN fails too
             raise SamplerMismatch(

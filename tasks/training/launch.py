@@ -122,13 +122,25 @@ def train_on_processes(
     if returncode != 0:
         # Rank 0 wrote the result after the last collective, so every rank did its share of the training: a rank
         # that died after that (at exit) must not throw the whole adapter away. Said, not hidden.
-        logger.warning("%s: a rank exited with code %d after the stage finished; its result and adapter are whole "
-                       "and kept (log: %s)", stage, returncode, launch_dir / "ranks.log")  # fmt: skip
+        logger.warning(
+            "%s: a rank exited with code %d after the stage finished; its result and adapter are whole "
+            "and kept (log: %s)",
+            stage,
+            returncode,
+            launch_dir / "ranks.log",
+        )
     result = json.loads((launch_dir / "result.json").read_text())
-    logger.info("%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"],
-                time.perf_counter() - started)  # fmt: skip
-    return TrainResult(Path(result["adapter_dir"]), result["steps"], result["seconds"], result["history"],
-                       result.get("stop"), generated_by=result.get("generated_by"))  # fmt: skip
+    logger.info(
+        "%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"], time.perf_counter() - started
+    )
+    return TrainResult(
+        Path(result["adapter_dir"]),
+        result["steps"],
+        result["seconds"],
+        result["history"],
+        result.get("stop"),
+        generated_by=result.get("generated_by"),
+    )
 
 
 def _run_forwarding_log(command: list[str], log_path: Path) -> int:

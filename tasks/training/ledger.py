@@ -83,9 +83,20 @@ def sample_rows(
         columns = {k: v for k, v in row.items() if k not in ("id", "prompt")}
         for j, completion in enumerate(completions[i]):
             rewards = {f"{REWARD_PREFIX}{name}": _plain(values[i, j]) for name, values in per_function.items()}
-            out.append({"role": role, "step": None, "prompt_id": str(row.get("id", i)), "prompt": str(row["prompt"]),
-                        "completion": completion, "sample": j, **rewards, "reward_total": _plain(totals[i, j]),
-                        "backend": backend, "columns": json.dumps(columns, default=str)})  # fmt: skip
+            out.append(
+                {
+                    "role": role,
+                    "step": None,
+                    "prompt_id": str(row.get("id", i)),
+                    "prompt": str(row["prompt"]),
+                    "completion": completion,
+                    "sample": j,
+                    **rewards,
+                    "reward_total": _plain(totals[i, j]),
+                    "backend": backend,
+                    "columns": json.dumps(columns, default=str),
+                }
+            )
     return out
 
 

@@ -99,9 +99,11 @@ class MlflowStore:
 
         with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
             local = mlflow.artifacts.download_artifacts(
-                run_id=self.parent_run_id, artifact_path=f"{ARTIFACT_DIR}/{name}", dst_path=scratch,
+                run_id=self.parent_run_id,
+                artifact_path=f"{ARTIFACT_DIR}/{name}",
+                dst_path=scratch,
                 tracking_uri=self.tracking_uri,
-            )  # fmt: skip
+            )
             shutil.move(local, destination)
 
     def delete(self, name: str) -> None:
@@ -167,5 +169,6 @@ class CheckpointMirror(TrainerCallback):
             return
         self.store.put(checkpoint)
         pruned = prune(self.store, self.keep)
-        logger.info("%s copied to %s%s", checkpoint.name, self.store.where,
-                    f" (pruned {', '.join(pruned)})" if pruned else "")  # fmt: skip
+        logger.info(
+            "%s copied to %s%s", checkpoint.name, self.store.where, f" (pruned {', '.join(pruned)})" if pruned else ""
+        )

@@ -67,8 +67,14 @@ class MlflowTrainerCallback(TrainerCallback):
         shown = [f"{key} {numbers[key]:.4g}" for key in PROGRESS_KEYS if isinstance(numbers.get(key), int | float)]
         if shown:  # the run log (Prefect UI) shows training as it goes
             total = getattr(state, "max_steps", 0)  # a replayed history's state carries the step only
-            logger.info("%s step %d/%d: %s", self.stage.stage, state.global_step, total, ", ".join(shown),
-                        extra={SHOWN_ON_THE_BAR: True})  # fmt: skip
+            logger.info(
+                "%s step %d/%d: %s",
+                self.stage.stage,
+                state.global_step,
+                total,
+                ", ".join(shown),
+                extra={SHOWN_ON_THE_BAR: True},
+            )
 
 
 # What a person watching the run log wants of each logged step (the rest is in MLflow).

@@ -32,10 +32,37 @@ assert not loaded, loaded
 
 def test_gpu_check_runs_the_stage_functions_without_prefect_or_mlflow(tmp_path: Path, tiny_model_dir: Path) -> None:
     report_file = tmp_path / "report.json"
-    small = ["--sft-steps", "2", "--grpo-steps", "2", "--completion-tokens", "8", "--gen-prompts", "4",
-             "--gen-samples", "2", "--gen-tokens", "8", "--gen-batch", "8"]  # fmt: skip
-    command = [sys.executable, "-c", WITHOUT_ORCHESTRATION, str(SCRIPT), "run", "--allow-cpu", "--model",
-               "tiny-random", "--precision", "fp32", *small, "--json", str(report_file)]  # fmt: skip
+    small = [
+        "--sft-steps",
+        "2",
+        "--grpo-steps",
+        "2",
+        "--completion-tokens",
+        "8",
+        "--gen-prompts",
+        "4",
+        "--gen-samples",
+        "2",
+        "--gen-tokens",
+        "8",
+        "--gen-batch",
+        "8",
+    ]
+    command = [
+        sys.executable,
+        "-c",
+        WITHOUT_ORCHESTRATION,
+        str(SCRIPT),
+        "run",
+        "--allow-cpu",
+        "--model",
+        "tiny-random",
+        "--precision",
+        "fp32",
+        *small,
+        "--json",
+        str(report_file),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(report_file.read_text())

@@ -37,9 +37,17 @@ def test_typo_in_config_fails_naming_the_key(tmp_path: Path) -> None:
 def test_validate_command_writes_the_split(tmp_path: Path) -> None:
     # validate tracks nothing: a tracking server that does not answer (only a run checks it) does not stop it
     result = grpoflow(
-        *["validate", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}", "--set", "data.arithmetic.num_rows=50",
-          "--set", "tracking.tracking_uri=http://127.0.0.1:9"],
-    )  # fmt: skip
+        *[
+            "validate",
+            "configs/tiny.yaml",
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "data.arithmetic.num_rows=50",
+            "--set",
+            "tracking.tracking_uri=http://127.0.0.1:9",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "validate" / "train.jsonl").is_file()
     assert '"rows_in": 50' in result.output
@@ -119,8 +127,7 @@ def test_generate_export_rollback_and_evaluate_by_alias(tmp_path: Path, tiny_ada
     result = grpoflow("history", "cli-model", "--config", str(config))
     assert result.exit_code == 0 and "(now: v1)" in result.output, result.output
     cells = [line.split("│") for line in result.output.splitlines() if line.startswith("│")]
-    assert [row[3].strip() for row in cells if row[1].strip()] == [
-        "promote", "promote", "undo", "set", "undo"]  # fmt: skip
+    assert [row[3].strip() for row in cells if row[1].strip()] == ["promote", "promote", "undo", "set", "undo"]
     result = grpoflow("versions", "cli-model", "--config", str(config))
     assert result.exit_code == 0 and "champion" in result.output, result.output
 
@@ -154,10 +161,12 @@ USER_ERRORS = {
     "missing model folder": (["run", "--set", "model.source=./models/none"], "model folder not found: "),
     "path taken for a Hub id": (["run", "--set", "model.source=models/my-model"], "is neither a folder"),
     "reward not importable": (
-        ["check", "--set", 'rewards=[{"name": "no_such_module:score"}]'], "the module must be importable"),
+        ["check", "--set", 'rewards=[{"name": "no_such_module:score"}]'],
+        "the module must be importable",
+    ),
     "registry command before any run": (["generate", "hi", "--model", "models:/nope/3"], "no tracking store at "),
     "rollback before any run": (["rollback", "nope"], "no tracking store at "),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(USER_ERRORS))
@@ -166,8 +175,14 @@ def test_user_errors_print_at_most_three_lines_and_exit_2(tmp_path: Path, case: 
     config = tmp_path / "c.yaml"
     config.write_text(Path("configs/tiny.yaml").read_text() + f"\noutput_dir: {tmp_path / 'out'}\n")
     command = [sys.executable, "-m", "flows.cli", args[0], *(["--config", str(config)]), *args[1:]]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
+    )
     lines = result.stderr.splitlines()
     errors = lines[next((i for i, line in enumerate(lines) if line.startswith("error:")), 0) :]
     assert result.returncode == 2 and len(errors) <= 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
@@ -201,8 +216,9 @@ def test_registry_commands_touch_nothing_and_name_user_errors(registered_tiny, t
         "print('EXIT', code, 'prefect server imported:', 'prefect.server.api.server' in sys.modules)\n"
     )
     command = [sys.executable, "-c", script, "rollback", "grpoflow-tiny", "--tracking-uri", uri]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
     assert "EXIT 2 prefect server imported: False" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "has no earlier champion to roll back to" in done.stderr
     history = grpoflow("history", "grpoflow-tiny-sft", "--tracking-uri", uri)  # never champion: no moves
@@ -219,8 +235,18 @@ def test_check_writes_nothing(tmp_path: Path) -> None:
 
 def test_quiet_shows_only_the_result_and_verbose_shows_every_log_line(tmp_path: Path) -> None:
     def validate(*flags: str) -> str:
-        command = [sys.executable, "-m", "flows.cli", "validate", "configs/tiny.yaml",
-                   "--set", f"output_dir={tmp_path}", "--set", "data.arithmetic.num_rows=50", *flags]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "validate",
+            "configs/tiny.yaml",
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "data.arithmetic.num_rows=50",
+            *flags,
+        ]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout + done.stderr

@@ -53,8 +53,15 @@ def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> No
     assert artifacts == {f"completions/step_{s:05d}.json" for s in range(1, tiny_config.grpo.max_steps + 1)}
     table_file = client.download_artifacts(stages["grpo"].info.run_id, "completions/step_00001.json")
     table = json.loads(Path(table_file).read_text())
-    assert {"prompt", "completion", "reward/math_accuracy", "reward/boxed_format", "reward_total", "advantage",
-            "trained"} <= set(table["columns"])  # fmt: skip
+    assert {
+        "prompt",
+        "completion",
+        "reward/math_accuracy",
+        "reward/boxed_format",
+        "reward_total",
+        "advantage",
+        "trained",
+    } <= set(table["columns"])
     ledger = {a.path for a in client.list_artifacts(stages["grpo"].info.run_id, "rollouts")}
     assert ledger == {f"rollouts/grpo-000001-{tiny_config.grpo.max_steps:06d}.parquet"}
     assert client.list_artifacts(stages["validate"].info.run_id, "validate/data_docs")

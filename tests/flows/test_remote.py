@@ -44,15 +44,26 @@ def test_a_killed_remote_grpo_worker_is_continued_by_the_next(tiny_config, tiny_
     parent = client.create_run(experiment_id, tags={"grpoflow.run_id": "remote-1"}).info.run_id
     tracker = Tracker(config.resolved_tracking_uri(), experiment_id, parent, "remote-1", tmp_path / "pipeline")
     handoff_upload(tracker, tiny_split.train_path, HANDOFF_TRAIN)
-    request = RemoteGrpoRequest(config.model_dump(mode="json"), "remote-1", tracker.tracking_uri, experiment_id,
-                                parent, tiny_split.train_path.name, has_sft_adapter=False)  # fmt: skip
+    request = RemoteGrpoRequest(
+        config.model_dump(mode="json"),
+        "remote-1",
+        tracker.tracking_uri,
+        experiment_id,
+        parent,
+        tiny_split.train_path.name,
+        has_sft_adapter=False,
+    )
     (tmp_path / "request.json").write_text(json.dumps(request.parameters()))
     store = MlflowStore(tracker.tracking_uri, parent)
 
     first = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(tmp_path / "request.json")], cwd=REPO, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", WORKER, str(tmp_path / "request.json")],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while "checkpoint-4" not in store.complete():
         assert first.poll() is None, first.stdout.read()[-3000:]

@@ -27,9 +27,15 @@ def slow_length(completions, **kwargs):
 
 def _run(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *args], cwd=REPO, env=env, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
-    )  # fmt: skip
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
 
 
 def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
@@ -70,7 +76,7 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
         "Add type hints to the `predict`",
         "examples/s",  # datasets' map bars
     ):
-        assert noise not in output, (noise, output[-3000:])  # fmt: skip
+        assert noise not in output, (noise, output[-3000:])
     # Log lines during training are written above the training bar, never on its line.
     assert re.search(r"\] *\d\d:\d\d:\d\d\.\d{3} \|", output) is None, output[-3000:]
     assert "grpo step 5/12" not in output  # the bar shows each step's loss and reward; the Prefect log keeps the line
@@ -108,6 +114,9 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
     third = _run([str(config_path), "--resume", "resume-1"], env)
     output, _ = third.communicate(timeout=120)
     assert third.returncode == 0 and "already finished" in output, output[-2000:]
-    parents = [r for r in client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'resume-1'")
-               if "mlflow.parentRunId" not in r.data.tags]  # fmt: skip
+    parents = [
+        r
+        for r in client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'resume-1'")
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     assert sorted(r.info.status for r in parents) == ["FAILED", "FINISHED"]

@@ -37,12 +37,22 @@ def test_rollouts_filters_a_runs_ledger(registered_tiny) -> None:
     worst = grpoflow("rollouts", "tiny-e2e-1", "--worst", "1", "--format", "jsonl", "--limit", "0", *_common(config))
     groups = {(r["generation_batch"], r["group"]) for r in map(json.loads, worst.stdout.splitlines())}
     assert len(groups) == 1
-    probe = grpoflow("rollouts", "tiny-e2e-1", "--role", "probe_base", "--format", "jsonl", "--limit", "0",
-                     *_common(config))  # fmt: skip
+    probe = grpoflow(
+        "rollouts", "tiny-e2e-1", "--role", "probe_base", "--format", "jsonl", "--limit", "0", *_common(config)
+    )
     assert len(probe.stdout.splitlines()) == config.probe.num_prompts * config.grpo.num_generations
     one = rows[0]
-    same = grpoflow("rollouts", "tiny-e2e-1", "--prompt-id", one["prompt_id"], "--grep", one["completion"][:3],
-                    "--format", "jsonl", *_common(config))  # fmt: skip
+    same = grpoflow(
+        "rollouts",
+        "tiny-e2e-1",
+        "--prompt-id",
+        one["prompt_id"],
+        "--grep",
+        one["completion"][:3],
+        "--format",
+        "jsonl",
+        *_common(config),
+    )
     assert one["prompt_id"] in same.stdout
     table = grpoflow("rollouts", "tiny-e2e-1", "--diff", "1", "2", *_common(config))
     text = " ".join(table.output.split())  # two steps of 2 prompts from ~100: none is drawn twice
@@ -53,12 +63,32 @@ def test_rollouts_filters_a_runs_ledger(registered_tiny) -> None:
 def test_rollouts_reads_the_mlflow_run_when_the_folder_is_gone(registered_tiny, tmp_path: Path) -> None:
     config, _ = registered_tiny
     uri = config.resolved_tracking_uri()
-    result = grpoflow("rollouts", "tiny-e2e-1", "--format", "jsonl", "--limit", "0", "--tracking-uri", uri,
-                      "-c", str(REPO / "configs" / "tiny.yaml"), "--set", f"output_dir={tmp_path}")  # fmt: skip
+    result = grpoflow(
+        "rollouts",
+        "tiny-e2e-1",
+        "--format",
+        "jsonl",
+        "--limit",
+        "0",
+        "--tracking-uri",
+        uri,
+        "-c",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_dir={tmp_path}",
+    )
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == config.grpo.batch_size * config.grpo.max_steps
-    missing = grpoflow("rollouts", "no-such-run", "--tracking-uri", uri, "-c", str(REPO / "configs" / "tiny.yaml"),
-                       "--set", f"output_dir={tmp_path}")  # fmt: skip
+    missing = grpoflow(
+        "rollouts",
+        "no-such-run",
+        "--tracking-uri",
+        uri,
+        "-c",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_dir={tmp_path}",
+    )
     assert missing.exit_code == 2 and "no rollout ledger for 'no-such-run'" in missing.output
 
 
@@ -72,10 +102,12 @@ def test_rescore_says_what_a_changed_reward_would_have_done(registered_tiny, tmp
     assert same.exit_code == 0, same.output
     report = json.loads(same.stdout[same.stdout.index("{") :])
     assert report["agreement"] == 1.0 and report["to_informative"] == report["to_uninformative"] == 0
-    changed = grpoflow("rescore", "tiny-e2e-1", "--reward", "new_rewards:longer", "--path", str(tmp_path),
-                       *_common(config))  # fmt: skip
+    changed = grpoflow(
+        "rescore", "tiny-e2e-1", "--reward", "new_rewards:longer", "--path", str(tmp_path), *_common(config)
+    )
     report = json.loads(changed.stdout[changed.stdout.index("{") :])
     assert report["rows"] == config.grpo.batch_size * config.grpo.max_steps and report["to_informative"] > 0
-    broken = grpoflow("rescore", "tiny-e2e-1", "--reward", "new_rewards:math_accuracy", "--path", str(tmp_path),
-                      *_common(config))  # fmt: skip
+    broken = grpoflow(
+        "rescore", "tiny-e2e-1", "--reward", "new_rewards:math_accuracy", "--path", str(tmp_path), *_common(config)
+    )
     assert broken.exit_code == 2 and "fails" in broken.output and "canary" in broken.output

@@ -196,8 +196,9 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
         damaged = register_adapter(client, "grpoflow-tiny", stage.run_id, "adapter", {"base_model": "tiny-random"})
     rollback_champion(client, "grpoflow-tiny", to_version=damaged, reason="test: forced by hand")
     watch_overrides = {**overrides, "watch.action": "alert", "watch.cooldown_h": 0}
-    watched = _trigger(services, env, "grpoflow-watch/daily", {"config_path": "configs/tiny.yaml",
-                                                               "overrides": watch_overrides})  # fmt: skip
+    watched = _trigger(
+        services, env, "grpoflow-watch/daily", {"config_path": "configs/tiny.yaml", "overrides": watch_overrides}
+    )
     ended = _wait_for(services, watched, 300, ("COMPLETED", "FAILED", "CRASHED"))
     assert ended["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
     assert alias_version_number(client, "grpoflow-tiny", CHAMPION) == damaged  # alert: nothing moved
@@ -264,8 +265,9 @@ def test_up_serves_the_store_and_the_prefect_runs_a_local_run_wrote(registered_t
 
     config, summary = registered_tiny
     config_file = tmp_path / "c.yaml"
-    config_file.write_text(yaml.safe_dump({**yaml.safe_load(Path("configs/tiny.yaml").read_text()),
-                                           "output_dir": str(config.output_dir)}))  # fmt: skip
+    config_file.write_text(
+        yaml.safe_dump({**yaml.safe_load(Path("configs/tiny.yaml").read_text()), "output_dir": str(config.output_dir)})
+    )
     monkeypatch.setenv("GRPOFLOW_CACHE", str(tmp_path / "cache"))  # where `up` notes what it serves
     prefect_port, mlflow_port = free_port(), free_port()
     ports = ["--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)]

@@ -45,8 +45,9 @@ def test_a_reward_that_credits_unboxed_answers_disagrees_by_name() -> None:
 
     from reward_fns.registry import IsolatedReward
 
-    found = check_canaries([IsolatedReward("math_accuracy", lenient)], [{"name": "math_accuracy"}],
-                           kind_canaries("math"))  # fmt: skip
+    found = check_canaries(
+        [IsolatedReward("math_accuracy", lenient)], [{"name": "math_accuracy"}], kind_canaries("math")
+    )
     cases = {d.case for d in found}
     assert "wrong: right number, no box" in cases and "hack: two different boxed answers" in cases
     first = next(d for d in found if d.case == "wrong: right number, no box")

@@ -94,9 +94,16 @@ def test_number_spellings_agree_with_math_verify(case: tuple[str, str, Decimal, 
 
 @pytest.mark.parametrize(
     ("answer", "gold"),
-    [("4, 5", "45"), ("4,5", "45"), ("7 8", "78"), ("1,22", "122"), ("0,111", "111"), ("12,34,567", "1234567"),
-     ("1,234 567", "1234567")],
-)  # fmt: skip
+    [
+        ("4, 5", "45"),
+        ("4,5", "45"),
+        ("7 8", "78"),
+        ("1,22", "122"),
+        ("0,111", "111"),
+        ("12,34,567", "1234567"),
+        ("1,234 567", "1234567"),
+    ],
+)
 def test_digit_runs_that_are_no_thousands_groups_are_not_one_number(answer: str, gold: str) -> None:
     assert plain_number(answer) is None
     assert math_accuracy(completions=[f"\\boxed{{{answer}}}"], ground_truth=[gold]) == [reference(answer, gold)]

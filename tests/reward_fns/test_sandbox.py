@@ -309,10 +309,14 @@ def test_sandboxes_side_by_side_do_not_share_a_process_budget() -> None:
     """Two sandboxes at once (two ranks, two pipelines, evaluation beside training): one program that keeps most of
     its allowed processes must not leave a correct program in the other without processes to start. Root's
     sandboxes share the host's user namespace, so each worker needs a user id of its own."""
-    hog = "import os, time\ndef answer():\n    for _ in range(6):\n        if os.fork() == 0:\n" \
-          "            time.sleep(3)\n            os._exit(0)\n    time.sleep(3)\n    return 42"  # fmt: skip
-    ordinary = "import os\ndef answer():\n    pids = [os.fork() for _ in range(3)]\n    if 0 in pids:\n" \
-               "        os._exit(0)\n    for pid in pids:\n        os.waitpid(pid, 0)\n    return 42"  # fmt: skip
+    hog = (
+        "import os, time\ndef answer():\n    for _ in range(6):\n        if os.fork() == 0:\n"
+        "            time.sleep(3)\n            os._exit(0)\n    time.sleep(3)\n    return 42"
+    )
+    ordinary = (
+        "import os\ndef answer():\n    pids = [os.fork() for _ in range(3)]\n    if 0 in pids:\n"
+        "        os._exit(0)\n    for pid in pids:\n        os.waitpid(pid, 0)\n    return 42"
+    )
     first, second = Sandbox(LIMITS, workers=1), Sandbox(LIMITS, workers=1)
     try:
         holding = threading.Thread(target=lambda: results.append(first.run(SandboxJob(hog, TESTS))))

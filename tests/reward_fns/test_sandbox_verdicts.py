@@ -65,8 +65,17 @@ def test_no_forgery_passes(sandbox: Sandbox) -> None:
     results = dict(zip(names, sandbox.run_many(jobs), strict=True))
     assert not [name for name, result in results.items() if result.status == "passed"], results
     # The frame thefts were stopped at the frame, not by luck further on.
-    thefts = ["singledispatch(sys._getframe)", "logging.currentframe", "inspect.currentframe", "inspect.stack",
-              "traceback.walk_stack", "traceback.walk_tb", "tb_frame directly", "asyncio task stack", "sys._getframe via map"]  # fmt: skip
+    thefts = [
+        "singledispatch(sys._getframe)",
+        "logging.currentframe",
+        "inspect.currentframe",
+        "inspect.stack",
+        "traceback.walk_stack",
+        "traceback.walk_tb",
+        "tb_frame directly",
+        "asyncio task stack",
+        "sys._getframe via map",
+    ]
     for name in thefts:
         assert "access to stack frames is not allowed" in results[name].failures[0], (name, results[name])
 

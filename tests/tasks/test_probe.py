@@ -56,8 +56,14 @@ def test_two_processes_sample_what_one_samples(tiny_config, tiny_split, tiny_mod
 
     def probe(processes: int, folder: str):
         probe_settings = config.probe.model_copy(update={"processes": processes, "batch_size": 8})
-        return run_probe(config.model_copy(update={"probe": probe_settings}), tiny_split.train_path, tiny_model_dir,
-                         None, tmp_path / folder, "base")  # fmt: skip
+        return run_probe(
+            config.model_copy(update={"probe": probe_settings}),
+            tiny_split.train_path,
+            tiny_model_dir,
+            None,
+            tmp_path / folder,
+            "base",
+        )
 
     one = probe(1, "one")
     with caplog.at_level("INFO", logger="tasks.evaluation.parallel"):

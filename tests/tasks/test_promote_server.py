@@ -25,10 +25,21 @@ pytestmark = pytest.mark.xdist_group("mlflow-server")  # one worker starts the m
 def _start_server(root: Path, port: int) -> subprocess.Popen:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     command = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-        "--workers", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--workers",
+        "1",
+    ]
     # Its own process group: the server forks a uvicorn worker that must go with it.
     server = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -102,9 +113,11 @@ def test_promote_through_a_server_then_registry_down_leaves_aliases(
     with pytest.raises(RegistryError), tracker.stage("promote") as stage:
         stop_group(mlflow_server["process"])
         case = PromotionCase(
-            scores("grpo", [1.0] * 20), scores("champion", [0.0] * 20), {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 20},
+            scores("grpo", [1.0] * 20),
+            scores("champion", [0.0] * 20),
+            {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 20},
             champion_version=first.version,
-        )  # fmt: skip
+        )
         run_promote(stage, name, case, config.promotion, {"base_model": "tiny-random"}, tiny_adapter, tiny_adapter)
     # Closing the pipeline with the registry still down reports it and raises nothing: the stage's own error
     # (the RegistryError above) is the one the user sees.

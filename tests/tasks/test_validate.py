@@ -115,8 +115,10 @@ def test_labels_and_json_and_code() -> None:
     kept, quarantined, _ = validate_rows(label_rows, DataSettings(kind="label", labels=["positive", "negative"]))
     assert kept[0]["ground_truth"] == "positive"
     assert "not in the allowed set" in quarantined[0]["reasons"][0]
-    per_row = [{"id": "1", "prompt": "p1", "ground_truth": "Cat", "labels": ["cat", "dog"]},
-               {"id": "2", "prompt": "p2", "ground_truth": "cat"}]  # fmt: skip
+    per_row = [
+        {"id": "1", "prompt": "p1", "ground_truth": "Cat", "labels": ["cat", "dog"]},
+        {"id": "2", "prompt": "p2", "ground_truth": "cat"},
+    ]
     kept, quarantined, _ = validate_rows(per_row, DataSettings(kind="label"))
     assert kept[0]["ground_truth"] == "cat"
     assert "no allowed label set" in quarantined[0]["reasons"][0]

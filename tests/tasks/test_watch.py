@@ -136,7 +136,8 @@ def test_grpoflow_watch_command_prints_the_table_and_moves_back(forced_weaker, t
     assert result.exit_code == 0, result.output
     assert "regressed" in result.output and "champion moved back to v1" in result.output
     assert alias_version_number(client, name, CHAMPION) == "1"
-    runs = client.search_runs([client.get_experiment_by_name("grpoflow").experiment_id],
-                              "tags.`grpoflow.stage` = 'watch'")  # fmt: skip
+    runs = client.search_runs(
+        [client.get_experiment_by_name("grpoflow").experiment_id], "tags.`grpoflow.stage` = 'watch'"
+    )
     assert [run.data.tags["grpoflow.watch.status"] for run in runs] == ["regressed"]
     assert runs[0].data.tags["grpoflow.watch.moved_to"] == "1"

@@ -78,8 +78,9 @@ def _length_rewarded(make_vllm_config: Any, tmp_path: Path, **overrides: Any) ->
     adapter (the tiny model never earns the math reward: zero advantages, zero gradients)."""
     (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
     config = make_vllm_config(tmp_path / "outputs", **{"grpo.learning_rate": 0.01, **overrides})
-    return config.model_copy(update={"rewards": [type(config.rewards[0])(name="length_reward:longer",
-                                                                          path=str(tmp_path))]})  # fmt: skip
+    return config.model_copy(
+        update={"rewards": [type(config.rewards[0])(name="length_reward:longer", path=str(tmp_path))]}
+    )
 
 
 def test_vllm_samples_step_n_plus_1_with_the_trainers_adapter_after_step_n(

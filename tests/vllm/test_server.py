@@ -18,9 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _server_config(make_vllm_config: Any, output_dir: Path, url: str, **overrides: Any) -> Any:
-    return make_vllm_config(output_dir, **{"grpo.generation.vllm_mode": "server",
-                                           "grpo.generation.vllm_server_base_url": url,
-                                           "grpo.generation.vllm_server_timeout_s": 60, **overrides})  # fmt: skip
+    return make_vllm_config(
+        output_dir,
+        **{
+            "grpo.generation.vllm_mode": "server",
+            "grpo.generation.vllm_server_base_url": url,
+            "grpo.generation.vllm_server_timeout_s": 60,
+            **overrides,
+        },
+    )
 
 
 def test_tiny_pipeline_against_a_real_server(vllm_server: Any, tmp_path: Path, make_vllm_config: Any) -> None:
@@ -43,9 +49,17 @@ def test_a_stopped_server_is_one_clear_error_before_anything_runs(tmp_path: Path
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    command = [str(Path(sys.executable).parent / "grpoflow"), "run", str(REPO / "configs" / "tiny.yaml"),
-               "--set", f"output_dir={tmp_path / 'outputs'}", "--set", "grpo.generation.vllm_mode=server",
-               "--set", f"grpo.generation.vllm_server_base_url={url}"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).parent / "grpoflow"),
+        "run",
+        str(REPO / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_dir={tmp_path / 'outputs'}",
+        "--set",
+        "grpo.generation.vllm_mode=server",
+        "--set",
+        f"grpo.generation.vllm_server_base_url={url}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ})
     assert done.returncode == 4
     errors = [line for line in done.stderr.splitlines() if line.startswith(("error:", "fix the"))]
@@ -73,8 +87,9 @@ def test_a_server_that_dies_mid_run_fails_grpo_naming_it_and_resume_continues(
     from tasks.validate import run_validate
 
     vllm_server.ensure_up()
-    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url,
-                            **{"grpo.max_steps": 4, "grpo.checkpoint_steps": 2})  # fmt: skip
+    config = _server_config(
+        make_vllm_config, tmp_path / "outputs", vllm_server.url, **{"grpo.max_steps": 4, "grpo.checkpoint_steps": 2}
+    )
     split = run_validate(config, tmp_path / "split")
     stage = tmp_path / "grpo"
     with pytest.raises(VllmServerUnavailable, match=f"vLLM server {vllm_server.url} is not answering"):

@@ -16,9 +16,18 @@ def rows(steps: int = 6, **per_step: Any) -> list[dict[str, Any]]:
     out = []
     for step in range(1, steps + 1):
         for i in range(8):
-            row = {"role": "grpo", "trained": True, "step": step, "group": i // 4, "prompt": f"What is {i} plus {i}?",
-                   "completion": f"\\boxed{{{2 * i}}}", "completion_tokens": 6, "clipped": False,
-                   "reward/math_accuracy": 0.5, "reward/boxed_format": 1.0}  # fmt: skip
+            row = {
+                "role": "grpo",
+                "trained": True,
+                "step": step,
+                "group": i // 4,
+                "prompt": f"What is {i} plus {i}?",
+                "completion": f"\\boxed{{{2 * i}}}",
+                "completion_tokens": 6,
+                "clipped": False,
+                "reward/math_accuracy": 0.5,
+                "reward/boxed_format": 1.0,
+            }
             row.update({key: make(step, i) for key, make in per_step.items()})
             row["reward_total"] = sum(WEIGHTS[n] * row[f"reward/{n}"] for n in WEIGHTS)
             out.append(row)

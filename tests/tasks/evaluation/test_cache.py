@@ -37,12 +37,14 @@ def test_a_second_evaluation_reads_the_cache_and_gives_the_same_table(
     second, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "b", caplog)
     assert hits == 2 and second == first  # bit-identical table, tokens per second included
 
-    uncached, hits = _evaluation(_with(config, cache=False), tiny_split, tiny_model_dir, tiny_adapter,
-                                 tmp_path / "c", caplog)  # fmt: skip
+    uncached, hits = _evaluation(
+        _with(config, cache=False), tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "c", caplog
+    )
     assert hits == 0 and _scores(uncached) == _scores(first)  # what was cached is what sampling gives
     assert len(set((cache_dir() / "evaluation").glob("*.json")) - entries) == 2  # cache off: nothing written
-    _, hits = _evaluation(config.model_copy(update={"seed": 4321}), tiny_split, tiny_model_dir,
-                                   tiny_adapter, tmp_path / "d", caplog)  # fmt: skip
+    _, hits = _evaluation(
+        config.model_copy(update={"seed": 4321}), tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "d", caplog
+    )
     assert hits == 0
 
 

@@ -26,9 +26,14 @@ from tasks.models import load_policy, load_tokenizer
 def _ability(base_dir: Path, adapter: Path | None, precision: str = "fp32"):
     base_key = fingerprint(base_dir)
     model = load_policy(base_dir, adapter)
-    return general_ability(model, load_tokenizer(base_dir), batch_size=64, precision=precision,
-                           model_key=base_key if adapter is None else None,
-                           base_key=None if adapter is None else base_key)  # fmt: skip
+    return general_ability(
+        model,
+        load_tokenizer(base_dir),
+        batch_size=64,
+        precision=precision,
+        model_key=base_key if adapter is None else None,
+        base_key=None if adapter is None else base_key,
+    )
 
 
 def _contains_zero(interval: list[float]) -> bool:
@@ -68,14 +73,21 @@ def test_the_gate_reads_the_configured_end_of_the_interval() -> None:
     assert forgetting_problem(drop, PromotionSettings(), "base") is None  # not shown beyond 5 points
     assert forgetting_problem(drop, PromotionSettings(forgetting_test="point"), "base")
     assert forgetting_problem(drop, PromotionSettings(forgetting_test="upper"), "base")
-    assert forgetting_problem({**drop, "qa_drop_interval": [-0.02, 0.04]}, PromotionSettings(forgetting_test="upper"),
-                              "base") is None  # fmt: skip
+    assert (
+        forgetting_problem(
+            {**drop, "qa_drop_interval": [-0.02, 0.04]}, PromotionSettings(forgetting_test="upper"), "base"
+        )
+        is None
+    )
 
 
 def test_general_questions_found_in_the_training_data_are_left_out(tiny_model_dir, lora_adapter, tmp_path) -> None:
     items = load_questions(DEFAULT_QUESTIONS)
-    trained_on = overlapping_questions([i["id"] for i in items], [i["question"] for i in items],
-                                       [f"Please answer: {items[0]['question']}", "What is 2 + 2?"])  # fmt: skip
+    trained_on = overlapping_questions(
+        [i["id"] for i in items],
+        [i["question"] for i in items],
+        [f"Please answer: {items[0]['question']}", "What is 2 + 2?"],
+    )
     assert trained_on == {items[0]["id"]}
     base = _ability(tiny_model_dir, None)
     drop = forgetting_drop(base, base, exclude=trained_on)
@@ -126,8 +138,12 @@ def test_choice_scores_are_each_choice_scored_after_its_context_alone(tiny_model
 
     tokenizer = load_tokenizer(tiny_model_dir)
     model = load_policy(tiny_model_dir, None).eval()
-    questions = [("Question: 2+2?\nAnswer:", ["4", "22", "five"]), ("Q: sky?\nA:", ["blue", "x"]),
-                 ("Question: pick\nAnswer:", ["a", "b", "c"]), ("Q:\nA:", ["long answer", "no"])]  # fmt: skip
+    questions = [
+        ("Question: 2+2?\nAnswer:", ["4", "22", "five"]),
+        ("Q: sky?\nA:", ["blue", "x"]),
+        ("Question: pick\nAnswer:", ["a", "b", "c"]),
+        ("Q:\nA:", ["long answer", "no"]),
+    ]
     contexts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text, _ in questions]
     choices = [[tokenizer(f" {c}", add_special_tokens=False)["input_ids"] for c in options] for _, options in questions]
     with torch.inference_mode():

@@ -11,9 +11,21 @@ def grpo_rows(step: int, batch: int, prompts: list[str], totals: list[float]) ->
     rows = []
     for group, prompt in enumerate(prompts):
         for i, total in enumerate(totals):
-            rows.append({"role": "grpo", "step": step, "generation_batch": batch, "group": group, "rank": 0,
-                         "prompt_id": prompt, "prompt": f"q{prompt}", "completion": f"{prompt}@{step}#{i}",
-                         "reward/acc": total, "reward_total": total, "advantage": 0.0})  # fmt: skip
+            rows.append(
+                {
+                    "role": "grpo",
+                    "step": step,
+                    "generation_batch": batch,
+                    "group": group,
+                    "rank": 0,
+                    "prompt_id": prompt,
+                    "prompt": f"q{prompt}",
+                    "completion": f"{prompt}@{step}#{i}",
+                    "reward/acc": total,
+                    "reward_total": total,
+                    "advantage": 0.0,
+                }
+            )
     return rows
 
 

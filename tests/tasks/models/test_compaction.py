@@ -15,16 +15,25 @@ from tasks.models.precision import compute_autocast
 
 def _model() -> LlamaForCausalLM:
     """A 2-layer grouped-query Llama (4 query heads, 2 key/value heads), eager attention as grpoflow decodes."""
-    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, attn_implementation="eager")  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
     torch.manual_seed(3)
     return LlamaForCausalLM(config).eval()
 
 
 # A third of the vocabulary ends a row: rows of a batch finish at different steps, as evaluation's answers do.
-_CONFIG = GenerationConfig(max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0,
-                           eos_token_id=list(range(2, 34)), pad_token_id=0)  # fmt: skip
+_CONFIG = GenerationConfig(
+    max_new_tokens=12, do_sample=True, temperature=1.0, top_k=0, eos_token_id=list(range(2, 34)), pad_token_id=0
+)
 _PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [40, 41, 42, 43], [50], [60, 61, 62, 63, 64, 65]]
 
 

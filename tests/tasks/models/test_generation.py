@@ -107,8 +107,9 @@ def test_greedy_first_decodes_both_passes_at_once_with_the_same_answers(tiny_mod
     greedy = generate_completions(tiny_model, tokenizer, prompts, greedy=True, **common)
     sampled = generate_completions(tiny_model, tokenizer, prompts, n=3, temperature=0.9, **common)
     stats = GenerationStats()
-    both = generate_completions(tiny_model, tokenizer, prompts, n=3, temperature=0.9, greedy_first=True,
-                                stats=stats, **common)  # fmt: skip
+    both = generate_completions(
+        tiny_model, tokenizer, prompts, n=3, temperature=0.9, greedy_first=True, stats=stats, **common
+    )
     assert [each[:1] for each in both] == greedy
     assert [each[1:] for each in both] == sampled
     assert len({t for texts in sampled for t in texts}) > 6  # the samples do differ (not all greedy)

@@ -36,8 +36,9 @@ def test_a_process_waits_for_another_building_the_same_model(tmp_path: Path) -> 
     env = {**os.environ, "GRPOFLOW_CACHE": str(tmp_path)}
     with open(target.parent / ".tiny-random-v1.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # this test is the process that is building
-        waiting = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        waiting = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         time.sleep(3)
         assert waiting.poll() is None  # blocked on the lock, not building its own copy
         build_tiny_random(target)

@@ -13,8 +13,15 @@ from tasks.models.vllm_engine import KV_CACHE_CAP_BYTES, kv_bytes_per_token, max
 
 
 def test_the_kv_cache_on_a_cpu_holds_the_batch_and_a_gpu_leaves_it_to_vllm(tiny_model_dir: Path) -> None:
-    common = {"precision_dtype": "float32", "lora_rank": 2, "max_model_len": 256, "max_num_seqs": 32,
-              "gpu_memory_utilization": 0.3, "kv_cache_gib": None, "seed": 0}  # fmt: skip
+    common = {
+        "precision_dtype": "float32",
+        "lora_rank": 2,
+        "max_model_len": 256,
+        "max_num_seqs": 32,
+        "gpu_memory_utilization": 0.3,
+        "kv_cache_gib": None,
+        "seed": 0,
+    }
     cpu = engine_spec(tiny_model_dir, cuda=False, **common)
     per_token = 2 * 2 * 4 * 16 * 4  # 2 layers, K and V, 4 heads of 16, fp32
     assert kv_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}, 4) == per_token
@@ -67,7 +74,8 @@ def test_preflight_names_the_missing_vllm_and_the_dead_server(tmp_path: Path) ->
     assert (problem is None) == vllm_installed()
     if problem:
         assert problem.startswith("grpo.generation.backend: 'vllm' but vLLM is not installed here")
-    server = load_config(overrides={"grpo.generation.vllm_mode": "server",
-                                    "grpo.generation.vllm_server_base_url": "http://127.0.0.1:9"})  # fmt: skip
+    server = load_config(
+        overrides={"grpo.generation.vllm_mode": "server", "grpo.generation.vllm_server_base_url": "http://127.0.0.1:9"}
+    )
     with pytest.raises(VllmServerUnavailable, match="http://127.0.0.1:9"):
         generation_problem(server)

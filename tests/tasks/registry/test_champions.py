@@ -58,8 +58,15 @@ def test_rollback_after_a_forced_move_returns_to_the_champion_before(model) -> N
     with pytest.raises(RegistryError, match="no earlier champion"):
         rollback_champion(client, name)
     kinds = [(m.version, m.kind) for m in champion_moves(client, name)]
-    assert kinds == [("1", "promote"), ("2", "promote"), ("3", "promote"), ("2", "set"), ("3", "undo"),
-                     ("2", "undo"), ("1", "undo")]  # fmt: skip
+    assert kinds == [
+        ("1", "promote"),
+        ("2", "promote"),
+        ("3", "promote"),
+        ("2", "set"),
+        ("3", "undo"),
+        ("2", "undo"),
+        ("1", "undo"),
+    ]
     moves = champion_moves(client, name)
     assert moves[3].why == "forced" and moves[0].by == "pipeline run r" and moves[3].at
 

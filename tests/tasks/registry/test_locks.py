@@ -49,7 +49,7 @@ def test_two_processes_can_open_a_new_store_at_once(tmp_path: Path) -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-            )  # fmt: skip
+            )
             for name in ("first", "second")
         ]
         for process in processes:

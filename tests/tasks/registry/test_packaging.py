@@ -80,9 +80,20 @@ def test_mlflow_models_serve_answers_over_http(registered_tiny, tmp_path: Path) 
     env = {**os.environ, "MLFLOW_TRACKING_URI": config.resolved_tracking_uri(), "HF_HUB_OFFLINE": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # it runs uvicorn from there
     command = [
-        sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{config.tracking.registered_model_name}/1",
-        "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "mlflow",
+        "models",
+        "serve",
+        "-m",
+        f"models:/{config.tracking.registered_model_name}/1",
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     try:

@@ -13,8 +13,9 @@ PROBE = "import os, tasks; print(sorted(k for k in os.environ if k.startswith('M
 
 def _fresh_interpreter(env: dict[str, str]) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env={**clean, **env}, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 

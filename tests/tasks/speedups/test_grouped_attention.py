@@ -17,9 +17,18 @@ from tasks.speedups.grouped_attention import GROUPED, CastLayer, fits, grouped_d
 
 def _grouped_model(attention: str = "eager") -> LlamaForCausalLM:
     """A 2-layer Llama with 4 query heads sharing 2 key/value heads (as SmolLM2 and Qwen2 share theirs)."""
-    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=2, pad_token_id=0, attn_implementation=attention)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation=attention,
+    )
     torch.manual_seed(3)
     return LlamaForCausalLM(config).eval()
 
@@ -38,8 +47,17 @@ class _Tokenizer:
 
 def _sample(model: LlamaForCausalLM, precision: str) -> list[list[str]]:
     prompts = ["12+7=", "a longer prompt, padded less", "x", "3*3 is"]
-    return generation.generate_completions(model, _Tokenizer(), prompts, n=3, max_new_tokens=9, batch_size=6,
-                                           seed=5, precision=precision, greedy_first=True)  # fmt: skip
+    return generation.generate_completions(
+        model,
+        _Tokenizer(),
+        prompts,
+        n=3,
+        max_new_tokens=9,
+        batch_size=6,
+        seed=5,
+        precision=precision,
+        greedy_first=True,
+    )
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

@@ -43,9 +43,13 @@ def _grpo(config, tiny_split, tiny_model_dir, stage_dir):
 def test_filter_replaces_uninformative_groups_and_retires_solved_prompts(
     tiny_config, tiny_split, tiny_model_dir, split_reward, tmp_path
 ) -> None:
-    overrides = {"rewards": [{"name": split_reward}], "grpo.max_steps": 4, "grpo.checkpoint_steps": 2,
-                 "grpo.batch_size": 16,  # 4 groups of 4 per step
-                 "grpo.dynamic_sampling": {"enabled": True, "max_oversample": 3.0, "retire_after": 1}}  # fmt: skip
+    overrides = {
+        "rewards": [{"name": split_reward}],
+        "grpo.max_steps": 4,
+        "grpo.checkpoint_steps": 2,
+        "grpo.batch_size": 16,  # 4 groups of 4 per step
+        "grpo.dynamic_sampling": {"enabled": True, "max_oversample": 3.0, "retire_after": 1},
+    }
     config = load_config(Path("configs/tiny.yaml"), {**overrides, "output_dir": str(tmp_path / "out")})
     result = _grpo(config, tiny_split, tiny_model_dir, tmp_path / "grpo")
     steps = [entry for entry in result.history if "signal/informative_after" in entry]

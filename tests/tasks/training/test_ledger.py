@@ -22,12 +22,16 @@ LENGTH_REWARD = (
 
 def _config(tiny_config: PipelineConfig, tmp_path: Path, reward: str = "longer", **grpo: Any) -> PipelineConfig:
     (tmp_path / "ledger_rewards.py").write_text(LENGTH_REWARD)
-    return PipelineConfig.model_validate({
-        **tiny_config.model_dump(),
-        "rewards": [{"name": f"ledger_rewards:{reward}", "path": str(tmp_path)},
-                    {"name": "boxed_format", "weight": 0.2}],
-        "grpo": {**tiny_config.grpo.model_dump(), **grpo},
-    })  # fmt: skip
+    return PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "rewards": [
+                {"name": f"ledger_rewards:{reward}", "path": str(tmp_path)},
+                {"name": "boxed_format", "weight": 0.2},
+            ],
+            "grpo": {**tiny_config.grpo.model_dump(), **grpo},
+        }
+    )
 
 
 class History(TrainerCallback):
@@ -98,8 +102,14 @@ def test_a_crash_after_a_checkpoint_and_resume_give_the_rows_of_an_uninterrupted
 def test_the_filters_set_aside_samples_are_flagged(tiny_config, tiny_split, tiny_model_dir, tmp_path) -> None:
     from tasks.grpo import run_grpo
 
-    config = _config(tiny_config, tmp_path, reward="half", max_steps=2, checkpoint_steps=0,
-                     dynamic_sampling={"enabled": True, "max_oversample": 1.0})  # fmt: skip
+    config = _config(
+        tiny_config,
+        tmp_path,
+        reward="half",
+        max_steps=2,
+        checkpoint_steps=0,
+        dynamic_sampling={"enabled": True, "max_oversample": 1.0},
+    )
     run_grpo(config, tiny_split.train_path, tiny_model_dir, None, tmp_path / "grpo")
     rows = read_ledger(tmp_path / "grpo" / LEDGER_DIR)
     for step in (1, 2):

@@ -74,8 +74,10 @@ def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) 
     from tasks.grpo import grpo_examples
     from tasks.models import load_tokenizer
 
-    rows = [{"id": 1, "prompt": "p", "ground_truth": "{}", "schema": {"type": "object"}},
-            {"id": "2", "prompt": "q", "ground_truth": "{}", "schema": '{"type": "array"}'}]  # fmt: skip
+    rows = [
+        {"id": 1, "prompt": "p", "ground_truth": "{}", "schema": {"type": "object"}},
+        {"id": "2", "prompt": "q", "ground_truth": "{}", "schema": '{"type": "array"}'},
+    ]
     examples = grpo_examples(rows, load_tokenizer(tiny_model_dir), tiny_config)
     assert [e["id"] for e in examples] == ["1", "2"]
     # The reward reads the column as TRL will pass it: a dict schema must still be judged.
@@ -286,8 +288,10 @@ def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "column_rewards", raising=False)
-    rows = [{"id": "a", "prompt": "1+1?", "ground_truth": "2", "difficulty": 3},
-            {"id": "b", "prompt": "2+2?", "ground_truth": "4", "difficulty": 5}]  # fmt: skip
+    rows = [
+        {"id": "a", "prompt": "1+1?", "ground_truth": "2", "difficulty": 3},
+        {"id": "b", "prompt": "2+2?", "ground_truth": "4", "difficulty": 5},
+    ]
     examples = grpo_examples(rows, load_tokenizer(tiny_model_dir), tiny_config)
     assert [e["difficulty"] for e in examples] == [3, 5]
     rewards = [{"name": "column_rewards:by_difficulty"}]
@@ -295,8 +299,11 @@ def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
     assert score_groups(custom, rows, [["x", "y"], ["z", "w"]])["total"].tolist() == [[3.0, 3.0], [5.0, 5.0]]
 
     failing = PipelineConfig.model_validate(
-        {**tiny_config.model_dump(), "rewards": [{"name": "column_rewards:broken"}],
-         "grpo": {**tiny_config.grpo.model_dump(), "max_steps": 1}}
-    )  # fmt: skip
+        {
+            **tiny_config.model_dump(),
+            "rewards": [{"name": "column_rewards:broken"}],
+            "grpo": {**tiny_config.grpo.model_dump(), "max_steps": 1},
+        }
+    )
     with pytest.raises(RewardNoneLimitExceeded, match="reward broken could not judge 8/8 completions"):
         run_grpo(failing, tiny_split.train_path, tiny_model_dir, None, tmp_path / "grpo")
