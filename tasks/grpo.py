@@ -281,7 +281,8 @@ def grpo_task(
                 "grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids, checkpoint_store
             )
         else:
-            mirror = [CheckpointMirror(store_for(checkpoint_store))] if checkpoint_store else []
+            keep = config.orchestration.keep_checkpoints
+            mirror = [CheckpointMirror(store_for(checkpoint_store), keep)] if checkpoint_store else []
             result = run_grpo(
                 config,
                 train_path,

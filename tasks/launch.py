@@ -33,7 +33,9 @@ def rank_main(request_path: Path) -> None:
         stage = StageRun(request.tracking_uri, request.stage_run_id, request.stage, stage_dir)
         callbacks = [MlflowTrainerCallback(stage)] if rank == 0 else []
         if rank == 0 and request.checkpoint_store:
-            callbacks.append(CheckpointMirror(store_for(request.checkpoint_store)))
+            callbacks.append(
+                CheckpointMirror(store_for(request.checkpoint_store), config.orchestration.keep_checkpoints)
+            )
         if request.stage == "sft":
             result = run_sft(config, Path(request.train_path), Path(request.base_model_dir), stage_dir, callbacks)
         else:

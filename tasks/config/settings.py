@@ -324,6 +324,13 @@ class OrchestrationSettings(_Strict):
     accelerate_config: str | None = Field(
         None, description="An accelerate config file for multi-process training (e.g. infra/accelerate/zero2.yaml)."
     )
+    keep_checkpoints: int = Field(
+        2,
+        ge=1,
+        description="The one retention policy for SFT's and GRPO's checkpoints: the newest N stay, in the trainer's "
+        "folder (TRL's save_total_limit) and in the mirror (remote_checkpoints or the MLflow hand-off). 2 keeps the "
+        "one before the newest in case the newest is corrupt.",
+    )
     promotion_lock_timeout_s: float = Field(1800, gt=0, description="Wait this long for another run's promotion.")
     promotion_lease_s: float = Field(
         30, gt=1, description="With a tracking server: the promotion lease a killed run leaves expires after this."

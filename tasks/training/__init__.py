@@ -11,6 +11,7 @@ from tasks import lazy_surface
 _EXPORTS = {
     "CompletionSampleLogger": "callbacks",
     "LEDGER_DIR": "ledger",
+    "LEDGER_SCHEMA_VERSION": "ledger",
     "LedgerCallback": "ledger",
     "LedgerRecorder": "ledger",
     "read_ledger": "ledger",

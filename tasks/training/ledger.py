@@ -5,6 +5,10 @@ stage's ``rollouts/`` folder. Probes and evaluation write theirs the same way, w
 A part covers the steps since the last one and is written at each checkpoint (so ``--resume`` from checkpoint N
 keeps exactly the rows of steps ≤ N, each once: the parts also travel inside the checkpoint), every
 ``flush_every`` steps when checkpoints are off, and at the end.
+
+The schema has one version, ``LEDGER_SCHEMA_VERSION``, stored in each part's Parquet metadata. A change to what a
+row holds bumps it, and every reader (``read_ledger`` and what it feeds: ``grpoflow rollouts``, ``rescore``, the
+audit) changes in the same commit; ``read_ledger`` reads every older version and refuses a newer one by name.
 Must not import: Prefect, MLflow, the stages.
 """
 
@@ -19,8 +23,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tasks.errors import UserError
+
 LEDGER_DIR = "rollouts"
 REWARD_PREFIX = "reward/"
+LEDGER_SCHEMA_VERSION = 1
+SCHEMA_KEY = b"grpoflow.ledger_schema"
 
 
 def write_part(folder: Path, rows: Sequence[dict[str, Any]], name: str) -> Path | None:
@@ -33,6 +41,7 @@ def write_part(folder: Path, rows: Sequence[dict[str, Any]], name: str) -> Path 
     folder.mkdir(parents=True, exist_ok=True)
     names = list(dict.fromkeys(key for row in rows for key in row))
     table = pa.table({key: [row.get(key) for row in rows] for key in names})
+    table = table.replace_schema_metadata({SCHEMA_KEY: str(LEDGER_SCHEMA_VERSION).encode()})
     target = folder / f"{name}.parquet"
     staging = target.with_suffix(".parquet.tmp")
     pq.write_table(table, staging, compression="zstd")
@@ -41,13 +50,30 @@ def write_part(folder: Path, rows: Sequence[dict[str, Any]], name: str) -> Path 
 
 
 def read_ledger(folder: Path) -> list[dict[str, Any]]:
-    """Every row of every part in ``folder``, parts in name order (steps ascending), rows in the order written."""
+    """Every row of every part in ``folder``, parts in name order (steps ascending), rows in the order written.
+    A part written by a newer grpoflow (a higher schema version) is refused by name."""
     import pyarrow.parquet as pq
 
     rows: list[dict[str, Any]] = []
     for part in sorted(Path(folder).glob("*.parquet")):
-        rows.extend(pq.read_table(part).to_pylist())
+        table = pq.read_table(part)
+        version = schema_version(table.schema.metadata)
+        if version > LEDGER_SCHEMA_VERSION:
+            raise UserError(
+                f"{part}: rollout ledger schema {version}, newer than this grpoflow reads "
+                f"({LEDGER_SCHEMA_VERSION}): read it with the grpoflow that wrote it, or upgrade"
+            )
+        rows.extend(table.to_pylist())
     return rows
+
+
+def schema_version(metadata: dict[bytes, bytes] | None) -> int:
+    """A part's ledger schema version from its Parquet metadata; parts written before the version existed are 1.
+
+    >>> schema_version({b"grpoflow.ledger_schema": b"2"}), schema_version(None)
+    (2, 1)
+    """
+    return int((metadata or {}).get(SCHEMA_KEY, b"1"))
 
 
 def part_name(first_step: int, last_step: int) -> str:

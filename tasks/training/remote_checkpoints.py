@@ -1,8 +1,9 @@
 """Checkpoints of a remote GRPO stage (``orchestration.grpo_deployment``) kept where a new worker finds them: a
 folder every GPU worker sees (``orchestration.remote_checkpoints``), else the pipeline's MLflow run artifacts
 (``handoff/grpo-checkpoints/``, e.g. MinIO/S3). After each save the checkpoint is copied there and older ones are
-pruned (the newest two stay); a worker that starts the stage again (``grpoflow run --resume``, a Prefect retry)
-restores the newest complete one and the trainer continues from it.
+pruned (the newest ``orchestration.keep_checkpoints`` stay, as in the trainer's own folder); a worker that starts
+the stage again (``grpoflow run --resume``, a Prefect retry) restores the newest complete one and the trainer
+continues from it.
 
 A copy counts only once complete: a folder copy is renamed into place, an upload is followed by a marker; a worker
 killed mid-copy leaves nothing a resume would take. Must not import: torch, Prefect.
@@ -23,7 +24,6 @@ from tasks.layout import HANDOFF
 
 logger = logging.getLogger(__name__)
 
-KEEP = 2  # the newest, and the one before it in case the newest is corrupt
 ARTIFACT_DIR = f"{HANDOFF}/grpo-checkpoints"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -128,7 +128,7 @@ def store_for(where: dict[str, Any]) -> CheckpointStore:
     return MlflowStore(where["tracking_uri"], where["parent_run_id"])
 
 
-def prune(store: CheckpointStore, keep: int = KEEP) -> list[str]:
+def prune(store: CheckpointStore, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` complete checkpoints; returns the names deleted."""
     old = store.complete()[keep:]
     for name in old:
@@ -158,9 +158,10 @@ def clear(store: CheckpointStore) -> None:
 
 class CheckpointMirror(TrainerCallback):
     """After each checkpoint the trainer saves (rank 0): copy it to the store, then prune the store to the newest
-    two. Runs after the callbacks that add files to the checkpoint (the signal guards' pool)."""
+    ``keep`` (``orchestration.keep_checkpoints``, the trainer's own limit too). Runs after the callbacks that add
+    files to the checkpoint (the signal guards' pool)."""
 
-    def __init__(self, store: CheckpointStore, keep: int = KEEP) -> None:
+    def __init__(self, store: CheckpointStore, keep: int) -> None:
         self.store, self.keep = store, keep
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

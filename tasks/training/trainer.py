@@ -107,7 +107,7 @@ def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_ste
         "report_to": "none",
         "save_strategy": "steps" if checkpoint_steps else "no",
         "save_steps": checkpoint_steps or 500,
-        "save_total_limit": 2,  # the latest, and the one before it in case the latest is corrupt
+        "save_total_limit": config.orchestration.keep_checkpoints,  # the mirror keeps as many (remote_checkpoints)
         "seed": config.seed,
         "data_seed": config.seed,
         "disable_tqdm": False,

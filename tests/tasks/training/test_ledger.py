@@ -120,3 +120,23 @@ def test_the_filters_set_aside_samples_are_flagged(tiny_config, tiny_split, tiny
             totals = {r["reward_total"] for r in mine if (r["generation_batch"], r["group"]) == (batch, group)}
             assert len(totals) == 1
     assert any(not r["trained"] for r in rows)
+
+
+def test_parts_carry_the_schema_version_and_a_newer_one_is_refused_by_name(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.errors import UserError
+    from tasks.training import LEDGER_SCHEMA_VERSION, write_part
+
+    part = write_part(tmp_path, [{"role": "probe-base", "completion": "x"}], "probe-base")
+    assert pq.read_schema(part).metadata[b"grpoflow.ledger_schema"] == str(LEDGER_SCHEMA_VERSION).encode()
+    pq.write_table(pa.table({"role": ["eval"], "completion": ["y"]}), tmp_path / "eval-old.parquet")  # before it
+    assert [r["completion"] for r in read_ledger(tmp_path)] == ["y", "x"]
+
+    newer = pa.table({"role": ["eval"]}).replace_schema_metadata(
+        {b"grpoflow.ledger_schema": str(LEDGER_SCHEMA_VERSION + 1).encode()}
+    )
+    pq.write_table(newer, tmp_path / "eval-new.parquet")
+    with pytest.raises(UserError, match=r"eval-new\.parquet: rollout ledger schema 2, newer"):
+        read_ledger(tmp_path)
