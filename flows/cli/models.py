@@ -49,7 +49,7 @@ def generate(
         base, adapter_dir, version = fetch_adapter(uri, model, Path(scratch))
         base_dir = resolve_model_source(base)
         tokenizer = load_tokenizer(base_dir)
-        policy = load_policy(base_dir, adapter_dir)
+        policy = load_policy(base_dir, adapter_dir, precision=cfg.model.precision)
         text = render_prompt(tokenizer, [{"role": "user", "content": prompt}], cfg.data.system_prompt)
         answer = generate_completions(
             policy, tokenizer, [text], greedy=True, max_new_tokens=max_new_tokens, precision=cfg.model.precision

@@ -42,14 +42,14 @@ class PolicyShelf:
     at a time; a forked worker gets its own copy of the shelf)."""
 
     def __init__(self) -> None:
-        self.key: tuple[Path, Path | None] | None = None
+        self.key: tuple[Path, Path | None, str] | None = None
         self.model: Any = None
 
-    def policy(self, spec: Any) -> Any:
-        key = (spec.base_model_dir, spec.adapter_dir)
+    def policy(self, spec: Any, precision: str) -> Any:
+        key = (spec.base_model_dir, spec.adapter_dir, precision)
         if key != self.key:
             self.key, self.model = None, None  # the last one freed before the next loads
-            self.model, self.key = load_policy(spec.base_model_dir, spec.adapter_dir), key
+            self.model, self.key = load_policy(spec.base_model_dir, spec.adapter_dir, precision=precision), key
         return self.model
 
 
@@ -66,7 +66,7 @@ class Completions:
 def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: PolicyShelf, report: Report) -> Completions:
     """One model's greedy and sampled completions of ``rows`` (from the evaluation cache when it has them)."""
     settings = config.evaluation
-    model = shelf.policy(spec) if pipeline_backend(config) == "transformers" else None
+    model = shelf.policy(spec, config.model.precision) if pipeline_backend(config) == "transformers" else None
     sampler = policy_sampler(config, spec.base_model_dir, spec.adapter_dir, settings.batch_size, model=model)
     logger.info(
         "evaluate %s: sampling %d prompts, greedy + %d samples each, with %s",
@@ -96,7 +96,7 @@ def forgetting_job(config: Any, spec: Any, shelf: PolicyShelf, report: Report) -
     counted = JobShare(report, forgetting_items(settings))
     # Forgetting scores likelihoods: the transformers model, whichever engine sampled.
     general = general_ability(
-        shelf.policy(spec),
+        shelf.policy(spec, config.model.precision),
         load_tokenizer(spec.base_model_dir),
         settings.general_corpus or DEFAULT_CORPUS,
         settings.general_questions or DEFAULT_QUESTIONS,

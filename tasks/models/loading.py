@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tasks.models.precision import attention_implementation, device
+from tasks.models.precision import attention_implementation, device, merge_is_exact
 from tasks.models.sources import resolve_model_source
 
 
@@ -34,12 +34,16 @@ def load_base_model(model_dir: Path | str) -> Any:
     return model.to(device())
 
 
-def load_policy(model_dir: Path | str, adapter_dir: Path | str | None, trainable: bool = False) -> Any:
+def load_policy(
+    model_dir: Path | str, adapter_dir: Path | str | None, trainable: bool = False, precision: str = "fp32"
+) -> Any:
     """The base model, with the LoRA adapter in ``adapter_dir`` on top when one is given.
 
-    For inference the adapter is merged into the weights (the same function, faster generation); for training
-    it stays a trainable PEFT adapter. The adapter's own ``base_model_name_or_path`` is ignored: the caller
-    names the base (it is an absolute path on the machine that trained it, so not portable).
+    For training the adapter stays a trainable PEFT adapter. For inference at ``precision``: in fp32 it is merged
+    into the weights (the same function, faster generation); in bf16 it is kept apart from them, as the trainer
+    and vLLM keep it (``merge_is_exact``: merged and rounded to bf16, the adapter's delta becomes rounding noise
+    as large as itself). The adapter's own ``base_model_name_or_path`` is ignored: the caller names the base (it
+    is an absolute path on the machine that trained it, so not portable).
     """
     model = load_base_model(model_dir)
     if adapter_dir is None:
@@ -47,7 +51,19 @@ def load_policy(model_dir: Path | str, adapter_dir: Path | str | None, trainable
     from peft import PeftModel
 
     policy = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
-    return policy if trainable else policy.merge_and_unload()
+    if trainable:
+        return policy
+    if merge_is_exact(precision):
+        return policy.merge_and_unload()
+    from tasks.speedups import speedups_on
+
+    if speedups_on("auto"):
+        from tasks.speedups.low_rank import plain_unmerged
+
+        plain = plain_unmerged(policy)  # the same products, without PEFT's wrappers; None: not plain LoRA
+        if plain is not None:
+            return plain
+    return policy.eval()
 
 
 def export_merged(base_source: str, adapter_dir: Path, destination: Path) -> Path:

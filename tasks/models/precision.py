@@ -48,6 +48,17 @@ def _auto_dtype() -> torch.dtype:
     return chosen
 
 
+def merge_is_exact(precision: str) -> bool:
+    """Whether folding a LoRA adapter into the weights keeps it, at this precision: in fp32, yes (to fp32's
+    rounding); in bf16, no — the delta sits below bf16's resolution of the weight it is added to, so inference
+    keeps it apart (``tasks.speedups.low_rank``), as training and vLLM do.
+
+    >>> merge_is_exact("fp32"), merge_is_exact("bf16")
+    (True, False)
+    """
+    return resolve_dtype(precision) == torch.float32
+
+
 def compute_autocast(precision: str) -> Any:
     """A bf16 autocast context for inference when the precision resolves to bf16, else a no-op context."""
     enabled = resolve_dtype(precision) == torch.bfloat16

@@ -97,6 +97,21 @@ def resolve_backend(backend: str, mode: str = "colocate", cuda: bool | None = No
     return "vllm" if backend == "vllm" or (cuda and vllm) else "transformers"
 
 
+def engine_name(backend: str, mode: str) -> str:
+    """The one name of an engine in tags, params, the ledger, summaries and docs: ``transformers``,
+    ``vllm-colocate`` or ``vllm-server``.
+
+    >>> engine_name("transformers", "server"), engine_name("vllm", "colocate"), engine_name("vllm", "server")
+    ('transformers', 'vllm-colocate', 'vllm-server')
+    """
+    return "transformers" if backend == "transformers" else f"vllm-{mode}"
+
+
+def pipeline_engine(config: Any) -> str:
+    """``engine_name`` of the engine a pipeline config samples with."""
+    return engine_name(pipeline_backend(config), config.grpo.generation.vllm_mode)
+
+
 def pipeline_backend(config: Any) -> str:
     """``resolve_backend`` for a pipeline config's ``grpo.generation``."""
     generation = config.grpo.generation
@@ -154,7 +169,8 @@ def policy_sampler(
         return VllmSampler(shared_engine(pipeline_engine_spec(config, base_model_dir)), tokenizer, adapter_dir)
     from tasks.speedups import speedups_on
 
-    model = load_policy(base_model_dir, adapter_dir) if model is None else model
+    if model is None:
+        model = load_policy(base_model_dir, adapter_dir, precision=config.model.precision)
     stock = not speedups_on(config.grpo.speedups)
     return TransformersSampler(model, tokenizer, batch_size, config.model.precision, stock)
 

@@ -32,7 +32,7 @@ class GrpoflowAdapterModel(PythonModel):
         self.system_prompt = config.get("system_prompt")
         self.precision = config.get("precision", "auto")
         self.tokenizer = load_tokenizer(base_dir)
-        self.model = load_policy(base_dir, context.artifacts["adapter"])
+        self.model = load_policy(base_dir, context.artifacts["adapter"], precision=self.precision)
 
     # The hint is a DataFrame, what MLflow hands over under the explicit string signature: MLflow infers no schema
     # from it, so the signature and its params (max_new_tokens, temperature) stay, and it asks for no other hint

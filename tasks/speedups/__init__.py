@@ -4,6 +4,7 @@ it, checks itself against the public path where it can, and falls back to the pu
 missing.
 
 - ``packing``: linear layers packed once in oneDNN's layout for inference (CPU).
+- ``low_rank``: a LoRA policy for bf16 inference as a plain model whose layers keep the adapter apart.
 - ``merged_copy``: a plain copy of a LoRA policy with the deltas folded in, for GRPO's sampling (CPU).
 - ``frozen``: the frozen base weights of LoRA layers stored in the compute dtype.
 - ``trl_patches``: TRL's fused LM head scoring only labelled positions during SFT on CPU.

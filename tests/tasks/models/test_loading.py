@@ -212,3 +212,53 @@ def test_packed_linear_layers_compute_what_autocast_linear_computes(tiny_model_d
     if precision == "fp32":  # no bf16 path here: asking for it leaves the plain layers
         with torch.no_grad(), packed_for_inference(model, "bf16"):
             assert [m for m in model.modules() if type(m) is torch.nn.Linear] == linears
+
+
+def _small_delta_adapter(tiny_model_dir: Path, folder: Path) -> Path:
+    """A LoRA adapter whose delta is small beside the weights, as a trained one's is (the demo's SFT adapter:
+    0.1 % of the weights' norm, below bf16's resolution of 2^-8)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(load_base_model(tiny_model_dir), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.002)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_bf16_inference_scores_the_model_the_trainer_scores_not_a_rounded_merge(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """In bf16 the adapter stays apart from the weights (the trainer's PEFT model under autocast, and vLLM, keep
+    it apart): merged and rounded to bf16, a small delta became rounding noise as large as itself, and the engines
+    disagreed on what the same adapter scores. In fp32 merging is exact and stays."""
+    import torch
+    from peft import PeftModel
+
+    from tasks.models import compute_autocast, load_base_model, load_policy
+    from tasks.speedups.low_rank import LowRankLinear
+    from tasks.speedups.packing import packed_for_inference
+
+    adapter = _small_delta_adapter(tiny_model_dir, tmp_path / "adapter")
+    ids = torch.randint(3, 90, (4, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = load_policy(tiny_model_dir, adapter, precision="fp32")(input_ids=ids).logits
+        trainer = PeftModel.from_pretrained(load_base_model(tiny_model_dir), str(adapter)).eval()
+        with compute_autocast("bf16"):
+            reference = trainer(input_ids=ids).logits.float()  # what GRPO's loss and vLLM score
+            merged = trainer.merge_and_unload()(input_ids=ids).logits.float()  # the old inference path
+        inference = load_policy(tiny_model_dir, adapter, precision="bf16")
+        assert any(isinstance(m, LowRankLinear) for m in inference.modules())
+        with compute_autocast("bf16"), packed_for_inference(inference, "bf16"):
+            kept_apart = inference(input_ids=ids).logits.float()
+    assert not any(isinstance(m, LowRankLinear) for m in load_policy(tiny_model_dir, adapter).modules())
+    base_gap = (reference - exact).abs().mean()  # bf16's own rounding, the same for both paths
+    assert (kept_apart - reference).abs().max() < 1e-2
+    assert (merged - reference).abs().mean() > 4 * (kept_apart - reference).abs().mean()
+    assert (merged - reference).abs().mean() > 0.5 * base_gap
