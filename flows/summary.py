@@ -49,7 +49,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(f"GRPO stopped early at step {stopped['step']} ({stopped['cause']}): {stopped['message']}")
     evaluation = summary.get("evaluation")
     if evaluation:
-        table = Table(title="hold-out evaluation (same prompts for every model)")
+        engine = evaluation.get("engine", "transformers")
+        table = Table(title=f"hold-out evaluation (same prompts for every model; sampled by {engine})")
         models = evaluation["models"]
         ks = list(next(iter(models.values()))["pass_at_k"])
         for column in ("model", "prompts", "greedy acc", *[f"pass@{k}" for k in ks], "pass@1 95% CI"):

@@ -77,6 +77,7 @@ class ModelScores:
     general: GeneralAbility | None = None
     registered_version: str | None = None  # the registry version that was scored, if it is one
     samples: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a few greedy answers (model cards)
+    engine: str = "transformers"  # what sampled its completions (tasks.models.engine_name)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class ModelScores:
             "pass1_interval": list(self.pass1_interval),
             "tokens_per_second": self.tokens_per_second,
             "general": self.general.to_json() if self.general else None,
+            "engine": self.engine,
         }
 
 
@@ -117,6 +119,18 @@ class EvalResult:
                 if name in names[1:-1]:
                     self.roles[role] = name
 
+    @property
+    def engine(self) -> str:
+        """The engine that sampled every model's completions, or ``mixed: a, b`` when they differ (a comparison
+        across engines: docs/vllm.md says what that costs).
+
+        >>> score = ModelScores("a", 1, 1, 0.0, {}, (0.0, 0.0), [], [], engine="vllm-server")
+        >>> EvalResult({"a": score}, {}, Path("t"), Path("c")).engine
+        'vllm-server'
+        """
+        engines = sorted({getattr(score, "engine", "transformers") for score in self.scores.values()})
+        return engines[0] if len(engines) == 1 else "mixed: " + ", ".join(engines)
+
     def of(self, role: str) -> ModelScores | None:
         """The scores of the model that had ``role``, or None when no model had it."""
         name = self.roles.get(role)
@@ -133,6 +147,7 @@ class EvalResult:
             "comparisons": self.comparisons,
             "forgetting": self.forgetting,
             "forgetting_vs_champion": self.forgetting_reference,
+            "engine": self.engine,
         }
 
 
@@ -216,6 +231,7 @@ def _assemble(
         per_prompt_greedy=greedy_correct.tolist(),
         tokens_per_second=sampled.stats.tokens_per_second,
         general=general,
+        engine=sampled.backend,
     )
 
 
@@ -300,6 +316,7 @@ def evaluate_task(
     """Prefect wrapper: evaluate, log per-model metrics, the comparison table and the pass@k curve."""
     with tracked_stage(tracker, "evaluate") as stage:
         result = run_evaluate(config, holdout_path, models, stage.dir)
+        stage.log_params({"generation_engine": result.engine})
         for name, score in result.scores.items():
             stage.log_metrics(
                 {

@@ -23,7 +23,7 @@ from tasks.layout import (
     HANDOFF_TRAIN,
     RemoteGrpoRequest,
 )
-from tasks.models import load_policy, load_tokenizer, pipeline_backend, pipeline_engine_spec
+from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_backend, pipeline_engine_spec
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
 from tasks.training import (
@@ -199,7 +199,7 @@ def run_grpo(
     )
     trainer = trainer_class(
         ledger=ledger,
-        backend=f"vllm-{settings.generation.vllm_mode}" if backend == "vllm" else "transformers",
+        backend=engine_name(backend, settings.generation.vllm_mode),
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
@@ -297,7 +297,7 @@ def grpo_task(
         stage.log_artifact(result.adapter_dir.parent / LEDGER_DIR, LEDGER_DIR)  # the rollout ledger's parts
         if result.generated_by:  # what generated, not what was configured
             stage.set_tags(
-                {"generation_backend": result.generated_by.split(" ")[0], "generation": result.generated_by[:4000]}
+                {"generation_backend": result.generated_by.split(":")[0], "generation": result.generated_by[:4000]}
             )
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)

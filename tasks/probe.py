@@ -58,6 +58,7 @@ class ProbeResult:
     tokens_per_second: float = 0.0
     verdict: str = ""
     signal_from: str = "reward"
+    engine: str = "transformers"  # what sampled (tasks.models.engine_name)
 
     @property
     def has_signal(self) -> bool:
@@ -220,6 +221,7 @@ def run_probe(
     write_part(stage_dir / LEDGER_DIR, ledger, f"probe-{label}")
     result = summarize(label, rows, scores, config.probe.signal_from)
     result.tokens_per_second = stats.tokens_per_second
+    result.engine = sampler.backend
     stage_dir.mkdir(parents=True, exist_ok=True)
     result.histogram_path = _histogram(result, scores["total"], stage_dir / f"probe_{label}_rewards.png")
     result.samples_path = stage_dir / f"probe_{label}_samples.jsonl"
@@ -289,6 +291,7 @@ def probe_task(
         result.verdict = probe_verdict(result, message, gate)
         publish_markdown(f"probe-{label}-verdict", f"### probe ({label})\n{result.verdict}\n")
         stage.set_tags({"verdict": result.verdict[:5000]})
+        stage.log_params({"generation_engine": result.engine})
         if message and gate:  # the stage run closes FAILED, automations hear of it, the flow stops
             emit_pipeline_event("stopped-by-probe", tracker.run_id, {"message": message})
             raise NoLearningSignal(message)

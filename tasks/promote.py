@@ -296,7 +296,11 @@ def promote_task(
             folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
             return folder, summary
 
-        tags = {**lineage(config, tracker, data.fingerprint), "promote_run_id": stage.run_id}
+        tags = {
+            **lineage(config, tracker, data.fingerprint),
+            "promote_run_id": stage.run_id,
+            "evaluation_engine": evaluation.engine,  # the engine behind the version's metric tags
+        }
         result = run_promote(
             stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir, evaluation.of("sft"), package
         )

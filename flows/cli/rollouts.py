@@ -55,10 +55,13 @@ def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
         for row in rows:
             sys.stdout.write(json.dumps(row, default=str) + "\n")
         return
+    from tasks.evaluation import question_of
+
     shown = []
     for row in rows:
         item = {key: row[key] for key in ("step", "prompt_id", "reward_total", "advantage", "trained") if key in row}
-        item.update(prompt=str(row.get("prompt", ""))[-60:], completion=str(row.get("completion", ""))[:80])
+        item.update(question=question_of(row.get("prompt", ""))[:60], completion=str(row.get("completion", ""))[:80])
+        item["backend"] = row.get("backend")
         shown.append(
             {
                 key: ("" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))

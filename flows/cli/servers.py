@@ -115,11 +115,23 @@ def vllm_serve(
         return
     if not vllm_installed():
         raise UserError(f"vLLM is not installed in this Python ({INSTALL_HINT})")
-    console.print(
-        f"vLLM server on http://{host}:{port} (set grpo.generation.vllm_server_base_url to it); Ctrl-C stops it"
-    )
-    process = subprocess.Popen(command, env={**os.environ, **env})
+    from tasks.layout import command_dir
+    from tasks.models import VllmServerClient, VllmServerUnavailable
+
+    log_path = command_dir(cfg.output_dir, "vllm-serve") / f"server-{port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    console.print(f"starting vLLM on http://{host}:{port} (its log: {log_path}) ...")
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     try:
+        try:  # "up" only once it answers: the engine takes tens of seconds to load after the process starts
+            VllmServerClient(url).wait_until_up(600, alive=lambda: process.poll() is None)
+        except VllmServerUnavailable:
+            if process.poll() is None:
+                raise
+        else:
+            console.print(f"vLLM server up on {url} (grpo.generation.vllm_server_base_url); Ctrl-C stops it")
         code = process.wait()
     except KeyboardInterrupt:
         process.terminate()

@@ -32,6 +32,7 @@ _EXPORTS = {
     "diff_steps": "rollouts",
     "extreme_groups": "rollouts",
     "filter_rows": "rollouts",
+    "question_of": "rollouts",
     "group_advantages": "rollouts",
     "rescore_report": "rollouts",
     "reward_kwargs": "rollouts",

@@ -239,7 +239,7 @@ class EngineSampler:
     and all of them go to the engine in one call (``_complete``: the texts and the new-token count of each
     prompt's samples); ``stats`` and ``progress`` as ``generate_completions`` keeps them."""
 
-    backend = "vllm"
+    backend = "vllm-colocate"  # engine_name's vocabulary; the server's sampler says vllm-server
 
     def __init__(self, tokenizer: Any, adapter_dir: Path | None) -> None:
         self.tokenizer = tokenizer

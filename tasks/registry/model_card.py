@@ -73,7 +73,8 @@ def _table(evaluation: Any) -> str:
         )
         if drop
     )
-    return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot
+    engine = f"\n\nCompletions sampled by: {getattr(evaluation, 'engine', 'transformers')}."
+    return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot + engine
 
 
 def version_card(

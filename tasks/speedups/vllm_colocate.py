@@ -62,15 +62,24 @@ class GenerationRecord:
     completions: int = 0
     syncs: list[SyncRecord] = field(default_factory=list)
 
+    @property
+    def engine(self) -> str:
+        """The engine's name in grpoflow's one vocabulary (``tasks.models.engine_name``).
+
+        >>> GenerationRecord().engine, GenerationRecord("vllm", "server").engine
+        ('transformers', 'vllm-server')
+        """
+        return "transformers" if self.backend != "vllm" else f"vllm-{self.mode}"
+
     def describe(self) -> str:
-        """One line for the log and the stage run, e.g. ``vllm (colocate): 4 batches, 32 completions; ...``."""
+        """One line for the log and the stage run, e.g. ``vllm-colocate: 4 batches, 32 completions; ...``."""
         if self.backend != "vllm":
             return f"transformers: {self.batches} batches, {self.completions} completions"
         sync = ""
         if self.syncs:
             seconds = sum(s.seconds for s in self.syncs) / len(self.syncs)
             sync = f"; {len(self.syncs)} adapter syncs of {self.syncs[-1].bytes / 2**20:.1f} MB, {seconds:.2f} s each"
-        return f"vllm ({self.mode}): {self.batches} batches, {self.completions} completions{sync}"
+        return f"{self.engine}: {self.batches} batches, {self.completions} completions{sync}"
 
 
 def _sync_root(setup: VllmSetup) -> Path:

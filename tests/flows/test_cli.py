@@ -271,3 +271,39 @@ def test_the_command_line_starts_without_the_heavy_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] True", out.stdout + out.stderr
+
+
+GENERATION_MISTAKES = {
+    # vLLM asked for in-process where it is not installed (make test's venv has none): a user error.
+    "vllm missing": (["--set", "grpo.generation.backend=vllm"], 2, "vLLM is not installed here"),
+    # a server that does not answer: an infrastructure error.
+    "server down": (
+        [
+            "--set",
+            "grpo.generation.vllm_mode=server",
+            "--set",
+            "grpo.generation.vllm_server_base_url=http://127.0.0.1:9",
+        ],
+        4,
+        "vLLM server http://127.0.0.1:9 is not answering",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GENERATION_MISTAKES))
+def test_check_names_the_generation_mistakes_run_refuses_with_the_same_message(tmp_path: Path, case: str) -> None:
+    args, code, expected = GENERATION_MISTAKES[case]
+    outputs = {}
+    for command in ("check", "run"):
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", command, "configs/tiny.yaml", "--set", f"output_dir={tmp_path}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == code and len(errors) == 1 and expected in errors[0], done.stderr[-2000:]
+        outputs[command] = errors[0]
+    assert outputs["check"] == outputs["run"]

@@ -74,6 +74,14 @@ def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> No
     assert version.tags["data_fingerprint"] == summary["data"]["fingerprint"]
     assert version.tags["config_hash"] == tiny_config.config_hash()
     assert client.get_model_version(f"{name}-sft", "1").tags["pipeline_run_id"] == "tiny-e2e-1"
+    # Every result names the engine that sampled it: summary.json, the evaluation and probe runs, the version.
+    saved = json.loads((tiny_config.output_dir / "tiny-e2e-1" / "summary.json").read_text())
+    assert saved["evaluation"]["engine"] == "transformers"
+    assert {m["engine"] for m in saved["evaluation"]["models"].values()} == {"transformers"}
+    assert saved["probes"]["sft"]["engine"] == "transformers"
+    assert stages["evaluate"].data.params["generation_engine"] == "transformers"
+    assert stages["probe_sft"].data.params["generation_engine"] == "transformers"
+    assert version.tags["evaluation_engine"] == "transformers"
     assert "tiny-e2e-1" in _flow_run_names()
 
     # A second run (another seed) registers a second version of each.

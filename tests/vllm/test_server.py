@@ -38,8 +38,19 @@ def test_tiny_pipeline_against_a_real_server(vllm_server: Any, tmp_path: Path, m
     experiment = client.get_experiment_by_name(config.tracking.experiment_name)
     runs = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'vllm-server'")
     grpo = next(r for r in runs if r.data.tags.get("grpoflow.stage") == "grpo").data
-    assert grpo.tags["generation_backend"] == "vllm" and grpo.tags["generation"].startswith("vllm (server): 2 batches")
+    assert grpo.tags["generation_backend"] == "vllm-server" and grpo.tags["generation"].startswith(
+        "vllm-server: 2 batches"
+    )
     assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4
+    # Every result names its engine: the evaluation, its stage run, the registered version.
+    assert summary["evaluation"]["engine"] == "vllm-server"
+    evaluate = next(r for r in runs if r.data.tags.get("grpoflow.stage") == "evaluate").data
+    assert evaluate.params["generation_engine"] == "vllm-server"
+    version = client.get_model_version(config.tracking.registered_model_name, "1")
+    assert version.tags["evaluation_engine"] == "vllm-server"
+    # grpoflow vllm-serve said where its log is while it started, and "up" only once it answered.
+    said = vllm_server.log.read_text()
+    assert "its log:" in said and said.index("its log:") < said.index("vLLM server up on")
 
 
 def test_a_stopped_server_is_one_clear_error_before_anything_runs(tmp_path: Path) -> None:
@@ -97,7 +108,7 @@ def test_a_server_that_dies_mid_run_fails_grpo_naming_it_and_resume_continues(
     assert resumable_checkpoint(stage / CHECKPOINTS).name == "checkpoint-2"
     vllm_server.start()
     result = run_grpo(config, split.train_path, vllm_model_dir, None, stage)
-    assert result.steps == 4 and result.generated_by.startswith("vllm (server): 2 batches")  # steps 3 and 4 only
+    assert result.steps == 4 and result.generated_by.startswith("vllm-server: 2 batches")  # steps 3 and 4 only
     assert (stage / "adapter" / "adapter_model.safetensors").is_file()
 
 
