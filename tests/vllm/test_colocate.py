@@ -33,7 +33,9 @@ def test_tiny_pipeline_on_vllm_colocate_registers_a_version_and_says_vllm_genera
     assert summary["promotion"]["version"] == "1"
     grpo = stage_runs(config, "vllm-colocate")["grpo"].data
     assert grpo.tags["generation_backend"] == "vllm-colocate"
-    assert grpo.tags["generation"].startswith(f"vllm (colocate): {config.grpo.max_steps} batches")
+    assert grpo.tags["generation"].startswith(f"vllm-colocate: {config.grpo.max_steps} batches")
+    assert summary["evaluation"]["engine"] == "vllm-colocate"  # probes and evaluation name it as GRPO does
+    assert summary["probes"]["sft"]["engine"] == "vllm-colocate"
     assert grpo.tags["generation_backend_configured"] == "vllm"
     assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4  # fp32: vLLM and the trainer agree
     from tasks.training import read_ledger
