@@ -128,7 +128,7 @@ class EvalResult:
         >>> EvalResult({"a": score}, {}, Path("t"), Path("c")).engine
         'vllm-server'
         """
-        engines = sorted({getattr(score, "engine", "transformers") for score in self.scores.values()})
+        engines = sorted({score.engine for score in self.scores.values()})
         return engines[0] if len(engines) == 1 else "mixed: " + ", ".join(engines)
 
     def of(self, role: str) -> ModelScores | None:

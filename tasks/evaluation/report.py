@@ -43,7 +43,7 @@ def evaluation_table(result: Any) -> list[dict[str, Any]]:
             "general QA": round(score.general.qa_accuracy, 4) if score.general else None,
             "general ppl": round(score.general.perplexity, 3) if score.general else None,
             "general KL": round(score.general.to_json().get("kl", 0.0), 5) if score.general else None,
-            "engine": getattr(score, "engine", "transformers"),
+            "engine": score.engine,
         }
         for name, score in result.scores.items()
     ]

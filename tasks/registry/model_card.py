@@ -73,7 +73,7 @@ def _table(evaluation: Any) -> str:
         )
         if drop
     )
-    engine = f"\n\nCompletions sampled by: {getattr(evaluation, 'engine', 'transformers')}."
+    engine = f"\n\nCompletions sampled by: {evaluation.engine}."
     return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot + engine
 
 
