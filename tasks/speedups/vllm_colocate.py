@@ -69,7 +69,9 @@ class GenerationRecord:
         >>> GenerationRecord().engine, GenerationRecord("vllm", "server").engine
         ('transformers', 'vllm-server')
         """
-        return "transformers" if self.backend != "vllm" else f"vllm-{self.mode}"
+        from tasks.models import engine_name
+
+        return engine_name(self.backend, self.mode or "colocate")
 
     def describe(self) -> str:
         """One line for the log and the stage run, e.g. ``vllm-colocate: 4 batches, 32 completions; ...``."""
