@@ -127,14 +127,16 @@ def vllm_serve(
     try:
         try:  # "up" only once it answers: the engine takes tens of seconds to load after the process starts
             VllmServerClient(url).wait_until_up(600, alive=lambda: process.poll() is None)
-        except VllmServerUnavailable:
-            if process.poll() is None:
-                raise
-        else:
-            console.print(f"vLLM server up on {url} (grpo.generation.vllm_server_base_url); Ctrl-C stops it")
+        except VllmServerUnavailable as exc:
+            what = "did not answer within 600 s" if process.poll() is None else f"exited ({process.poll()})"
+            raise VllmServerUnavailable(f"vLLM {what} before it answered on {url}: its log is {log_path}") from exc
+        console.print(f"vLLM server up on {url} (grpo.generation.vllm_server_base_url); Ctrl-C stops it")
         code = process.wait()
     except KeyboardInterrupt:
-        process.terminate()
-        code = process.wait()
-    if code not in (0, -15):
+        code = None
+    finally:  # the server never outlives the command
+        if process.poll() is None:
+            process.terminate()
+            process.wait()
+    if code not in (None, 0, -15):
         raise SystemExit(code)

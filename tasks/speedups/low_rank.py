@@ -2,7 +2,7 @@
 (``LowRankLinear``: ``base(x) + lora_b(lora_a(x)) · scale``), built from PEFT's layer internals (``base_layer``,
 ``lora_A``/``lora_B``, ``scaling``, ``use_dora``, ``fan_in_fan_out``).
 
-Why apart: a LoRA delta is small beside the weight it adapts (the demo's SFT adapter: 0.1 % of the weights' norm),
+Why apart: a LoRA delta is small beside the weight it adapts (the demo's SFT adapter: 0.16 % of the weights' norm),
 below bf16's resolution (2⁻⁸ of a weight). Folded into the weight and rounded to bf16, it turns into rounding
 noise about as large as itself, and the model scored is not the model trained (the trainer, PEFT under bf16
 autocast, and vLLM's LoRA kernels keep it apart). Kept apart, every product is PEFT's under autocast: the same
