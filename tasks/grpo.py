@@ -48,6 +48,7 @@ from tasks.training import (
     train_and_save,
     train_on_processes,
 )
+from tasks.training.nodes import train_on_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -276,7 +277,11 @@ def grpo_task(
         )
         if keep_ids is not None:
             stage.log_metrics({"prompts_kept_by_filter": len(keep_ids)})
-        if config.training_processes() > 1:
+        if config.orchestration.nodes > 1:
+            result = train_on_nodes(
+                "grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids, checkpoint_store
+            )
+        elif config.world_size() > 1:
             result = train_on_processes(
                 "grpo", config, stage, train_path, base_model_dir, sft_adapter_dir, keep_ids, checkpoint_store
             )

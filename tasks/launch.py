@@ -23,8 +23,15 @@ from tasks.training import CheckpointMirror, LaunchRequest, MlflowTrainerCallbac
 
 def rank_main(request_path: Path) -> None:
     """One rank: run the stage's plain function; rank 0 logs to MLflow and writes the result."""
-    rank = int(os.environ.get("RANK", "0"))
+    rank, node = int(os.environ.get("RANK", "0")), int(os.environ.get("GRPOFLOW_NODE_RANK", "0"))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
+    # Every rank says where it runs, in its node's log (a rank other than 0 logs only warnings).
+    print(
+        f"[rank {rank}] node {node}: RANK={rank} LOCAL_RANK={local_rank} "
+        f"WORLD_SIZE={os.environ.get('WORLD_SIZE', '1')}",
+        flush=True,
+    )
     launch_dir = request_path.parent
     request = LaunchRequest(**json.loads(request_path.read_text()))
     try:
@@ -32,10 +39,12 @@ def rank_main(request_path: Path) -> None:
         stage_dir = Path(request.stage_dir)
         stage = StageRun(request.tracking_uri, request.stage_run_id, request.stage, stage_dir)
         callbacks = [MlflowTrainerCallback(stage)] if rank == 0 else []
-        if rank == 0 and request.checkpoint_store:
-            callbacks.append(
-                CheckpointMirror(store_for(request.checkpoint_store), config.orchestration.keep_checkpoints)
-            )
+        if local_rank == 0 and request.checkpoint_store:  # each node copies its own part of every checkpoint
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            first = rank - local_rank  # the node's processes are consecutive ranks
+            states = [f"rng_state_{i}.pth" for i in range(first, first + local_world)] if world > 1 else []
+            store = store_for(request.checkpoint_store)
+            callbacks.append(CheckpointMirror(store, config.orchestration.keep_checkpoints, states))
         if request.stage == "sft":
             result = run_sft(config, Path(request.train_path), Path(request.base_model_dir), stage_dir, callbacks)
         else:
@@ -56,6 +65,7 @@ def rank_main(request_path: Path) -> None:
     except BaseException as exc:
         report = {
             "rank": rank,
+            "node": node,
             "type": type(exc).__name__,
             "module": type(exc).__module__,
             "message": str(exc)[:2000],

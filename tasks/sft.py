@@ -27,6 +27,7 @@ from tasks.training import (
     train_and_save,
     train_on_processes,
 )
+from tasks.training.nodes import train_on_nodes
 
 
 def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, str]]:
@@ -93,7 +94,9 @@ def sft_task(config: PipelineConfig, tracker: Tracker, train_path: Path, base_mo
     """Prefect wrapper: SFT in its MLflow run, trainer metrics logged step by step."""
     with tracked_stage(tracker, "sft") as stage:
         stage.log_params({f"sft.{k}": v for k, v in config.sft.model_dump().items()})
-        if config.training_processes() > 1:
+        if config.orchestration.nodes > 1:
+            result = train_on_nodes("sft", config, stage, train_path, base_model_dir)
+        elif config.world_size() > 1:
             result = train_on_processes("sft", config, stage, train_path, base_model_dir)
         else:
             result = run_sft(config, train_path, base_model_dir, stage.dir, callbacks=[MlflowTrainerCallback(stage)])

@@ -241,3 +241,42 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
     output = tmp_path_factory.mktemp("registered") / "outputs"
     config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})
     return config, pipeline(config, "tiny-e2e-1")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``mlflow server`` on 127.0.0.1 for the module (SQLite store, artifacts proxied through it, so a
+    client needs nothing but its address); stopped, with its workers, after the module."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from flows.services import free_port, stop_group
+
+    port, root = free_port(), tmp_path_factory.mktemp("mlflow-server")
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"]
+    command += ["--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
+    # Its own process group: the server forks a uvicorn worker that must go with it.
+    server = subprocess.Popen(
+        command,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("mlflow server did not become healthy in 90 s") from None
+                time.sleep(0.5)
+        yield {"uri": f"http://127.0.0.1:{port}", "root": root, "port": port, "process": server}
+    finally:
+        stop_group(server)

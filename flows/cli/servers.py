@@ -1,5 +1,5 @@
-"""The servers around runs: ``up`` (the MLflow and Prefect UIs), ``deploy`` (Prefect deployments) and ``vllm-serve``
-(a vLLM server for GRPO's server mode).
+"""The servers and workers around runs: ``up`` (the MLflow and Prefect UIs), ``deploy`` (Prefect deployments),
+``vllm-serve`` (a vLLM server for GRPO's server mode) and ``node-agent`` (one node of a multi-node stage).
 Must not import: a stage, torch or Prefect at import; must not hold service logic (``flows.services`` owns it).
 """
 
@@ -139,4 +139,37 @@ def vllm_serve(
             process.terminate()
             process.wait()
     if code not in (None, 0, -15):
+        raise SystemExit(code)
+
+
+def node_agent(
+    tracking_uri: Annotated[str, typer.Option(help="The MLflow tracking server every node reaches.")],
+    stage_run: Annotated[str, typer.Option(help="The stage's MLflow run id (it holds the launch request).")],
+    node_rank: Annotated[
+        int | None, typer.Option(help="This node's rank. Default: SLURM_PROCID, PET_NODE_RANK or GRPOFLOW_NODE_RANK.")
+    ] = None,
+    rendezvous_host: Annotated[str | None, typer.Option(help="Node 0's address (default: the request's).")] = None,
+    local_addr: Annotated[str | None, typer.Option(help="This node's own address (torchrun's --local-addr).")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="Node-local scratch (default: a temporary folder).")] = None,
+) -> None:
+    """Run one node's part of a multi-node SFT or GRPO stage (orchestration.nodes > 1): fetch the stage's request
+    and inputs from MLflow, start this machine's ranks, report back through MLflow. The stage prints this command
+    for each node with orchestration.launcher: manual; Slurm and Kubeflow jobs run it for you."""
+    import shutil
+    import tempfile
+
+    from tasks.training.nodes import NodeInputError, run_agent
+    from tasks.training.nodes.agent import node_rank_from_environment
+
+    node = node_rank if node_rank is not None else node_rank_from_environment()
+    if node is None:
+        raise NodeInputError("no --node-rank, and no SLURM_PROCID or PET_NODE_RANK to take it from")
+    scratch = workdir or Path(tempfile.mkdtemp(prefix=f"grpoflow-node-{node}-"))
+    try:
+        code = run_agent(tracking_uri, stage_run, node, scratch, rendezvous_host, local_addr)
+    finally:
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if code:
+        console.print(f"node {node}: its ranks exited with code {code}; the stage reports why")
         raise SystemExit(code)

@@ -85,9 +85,12 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> PipelineConfig:
-        processes, grpo = self.training_processes(), self.grpo
-        if (grpo.batch_size * processes) % grpo.num_generations:
-            across = f" × {processes} processes = {grpo.batch_size * processes}" if processes > 1 else ""
+        nodes, processes, grpo = self.orchestration.nodes, self.training_processes(), self.grpo
+        world = nodes * processes
+        if (grpo.batch_size * world) % grpo.num_generations:
+            across = f" × {nodes} nodes" if nodes > 1 else ""
+            across += f" × {processes} processes" if processes > 1 or nodes > 1 else ""
+            across += f" = {grpo.batch_size * world}" if world > 1 else ""
             raise ValueError(
                 f"grpo.batch_size ({grpo.batch_size}, per process){across} must be a multiple of "
                 f"grpo.num_generations ({grpo.num_generations}): TRL counts completions, and each prompt needs a "
@@ -95,9 +98,17 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    def world_size(self) -> int:
+        """How many processes SFT and GRPO train on in all: ``orchestration.nodes`` × the processes per node.
+
+        >>> PipelineConfig.model_validate({"orchestration": {"nodes": 2, "num_processes": 2}}).world_size()
+        4
+        """
+        return self.orchestration.nodes * self.training_processes()
+
     def training_processes(self) -> int:
-        """How many processes SFT and GRPO train on: ``orchestration.num_processes``, else the accelerate config
-        file's ``num_processes``, else 1.
+        """How many processes SFT and GRPO train on per node: ``orchestration.num_processes``, else the accelerate
+        config file's ``num_processes``, else 1.
 
         >>> PipelineConfig.model_validate({"orchestration": {"num_processes": 2}}).training_processes()
         2

@@ -300,6 +300,30 @@ class WatchSettings(_Strict):
     )
 
 
+class SlurmSettings(_Strict):
+    """``orchestration.launcher: slurm``: the sbatch script the stage writes and submits (open-r1's shape)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str = Field("24:00:00", description="The job's time limit (sbatch --time).")
+    gpus_per_node: int = Field(0, ge=0, description="sbatch --gres=gpu:N; 0 on CPU nodes.")
+    one_host: bool = Field(
+        False,
+        description="Every node on one Slurm host (--nodes=1 --ntasks=N): a one-slurmd harness, not a cluster.",
+    )
+    extra: list[str] = Field(default_factory=list, description="More #SBATCH lines, e.g. '--qos=high'.")
+
+
+class KubeflowSettings(_Strict):
+    """``orchestration.launcher: kubeflow``: a Kubeflow Trainer TrainJob (trainer.kubeflow.org/v1alpha1)."""
+
+    image: str = Field("grpoflow-gpu-worker:latest", description="The GPU worker image (infra/docker).")
+    namespace: str = "default"
+    runtime: str = Field("torch-distributed", description="The ClusterTrainingRuntime the TrainJob refers to.")
+    gpus_per_node: int = Field(1, ge=0)
+    service_account: str | None = None
+
+
 class OrchestrationSettings(_Strict):
     task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
     retry_delay_seconds: int = Field(10, ge=0)
@@ -318,12 +342,40 @@ class OrchestrationSettings(_Strict):
     num_processes: int | None = Field(
         None,
         ge=1,
-        description="Train SFT and GRPO on this many processes (accelerate launch; batch sizes stay per process); "
-        "wins over accelerate_config's num_processes. Default: the accelerate file's count, else 1.",
+        description="Train SFT and GRPO on this many processes per node (accelerate launch; batch sizes stay per "
+        "process); wins over accelerate_config's num_processes. Default: the accelerate file's count, else 1.",
     )
     accelerate_config: str | None = Field(
         None, description="An accelerate config file for multi-process training (e.g. infra/accelerate/zero2.yaml)."
     )
+    nodes: int = Field(
+        1,
+        ge=1,
+        description="Train SFT and GRPO on this many machines, num_processes on each (torch.distributed, c10d "
+        "rendezvous); the nodes share nothing but the MLflow tracking server.",
+    )
+    launcher: Literal["local", "slurm", "kubeflow", "manual"] = Field(
+        "local",
+        description="What starts the node agents with nodes > 1: local (processes on this host, each in a "
+        "filesystem of its own), slurm (an sbatch job), kubeflow (a TrainJob), manual (prints each node's command).",
+    )
+    rendezvous_host: str = Field(
+        "127.0.0.1",
+        description="The address of node 0 every node reaches (accelerate's main_process_ip); Slurm and Kubeflow "
+        "set it from the job.",
+    )
+    rendezvous_port: int = Field(
+        29410,
+        ge=1024,
+        le=65535,
+        description="A fixed port on node 0 (port 0 would let every node pick its own); runs side by side need "
+        "distinct ports.",
+    )
+    node_wait_timeout_s: float | None = Field(
+        None, gt=0, description="Give up waiting for the nodes after this long (default: wait for the job)."
+    )
+    slurm: SlurmSettings = SlurmSettings()
+    kubeflow: KubeflowSettings = KubeflowSettings()
     keep_checkpoints: int = Field(
         2,
         ge=1,

@@ -14,6 +14,7 @@ missing.
 - ``grouped_attention``: grouped-query attention without the KV cache repeated and cast at every decoding step.
 - ``prefect_server``: Prefect's temporary server started while a run imports its stack (Prefect's private class).
 - ``allocator``: glibc told to keep the memory a run frees (``mallopt``; applied when ``tasks`` is imported).
+- ``cpu_resume``: several CPU processes resume from a checkpoint (the trainer's device ``cpu``, not ``cpu:0``).
 
 ``speedups_on(setting)`` is the one switch: ``auto`` turns them on only where the installed torch, transformers,
 TRL and PEFT are versions they were checked on (``CHECKED_ON``); elsewhere the stock path runs and one log line

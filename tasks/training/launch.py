@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,25 +56,53 @@ class LaunchRequest:
     checkpoint_store: dict[str, Any] | None = None  # tasks.training.remote_checkpoints.store_for's spec (rank 0 copies)
 
 
-def accelerate_command(config: PipelineConfig, request_path: Path, cuda: bool | None = None) -> list[str]:
+@dataclass(frozen=True)
+class NodePlacement:
+    """Where one node's launcher sits in a group of machines: ``nodes`` machines meeting at node 0's
+    ``host:port`` (torch's c10d rendezvous store), this one being ``node_rank``."""
+
+    nodes: int
+    node_rank: int
+    host: str
+    port: int
+
+
+def accelerate_command(
+    config: PipelineConfig, request_path: Path, cuda: bool | None = None, placement: NodePlacement | None = None
+) -> list[str]:
     """``accelerate launch`` for the ranks: ``orchestration.num_processes`` wins over the config file's count;
-    without CUDA (and without a file) the ranks use torch.distributed's gloo backend on CPU.
+    without CUDA (and without a file) the ranks use torch.distributed's gloo backend on CPU. With a
+    ``placement`` (several nodes), ``--num_processes`` is the world size (accelerate divides it by the machines),
+    the port is fixed, and node 0 alone hosts the rendezvous store (``is_host``: on one host every node's address
+    matches the endpoint, and each would try to host it).
 
     >>> cfg = PipelineConfig.model_validate({"orchestration": {"num_processes": 2}})
     >>> " ".join(accelerate_command(cfg, Path("r.json"), cuda=False)[3:])
     '--num_processes 2 --main_process_port 0 --multi_gpu --mixed_precision no -m tasks.launch r.json'
+    >>> on_two = NodePlacement(nodes=2, node_rank=1, host="10.0.0.1", port=29410)
+    >>> " ".join(accelerate_command(cfg, Path("r.json"), cuda=False, placement=on_two)[3:13])
+    '--num_processes 4 --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 29410'
     """
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(config.training_processes())]
-    command += ["--main_process_port", "0"]  # a free port: two runs on one machine do not collide
+    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    if placement is None or placement.nodes == 1:
+        command += ["--num_processes", str(config.training_processes())]
+        command += ["--main_process_port", "0"]  # a free port: two runs on one machine do not collide
+    else:
+        world = placement.nodes * config.training_processes()
+        command += ["--num_processes", str(world), "--num_machines", str(placement.nodes)]
+        command += ["--machine_rank", str(placement.node_rank), "--main_process_ip", placement.host]
+        command += ["--main_process_port", str(placement.port), "--rdzv_backend", "c10d"]
+        command += ["--rdzv_conf", f"is_host={int(placement.node_rank == 0)}"]
     accelerate_file = config.orchestration.accelerate_config
     if accelerate_file:
         command += ["--config_file", str(accelerate_file)]
     else:
         # torchrun-style launch; on CPU, accelerate then picks MULTI_CPU with gloo (the trainers set use_cpu).
+        # Not --cpu: that switches accelerate to an mpirun launch.
         command += ["--multi_gpu", "--mixed_precision", "bf16" if cuda else "no"]
     return [*command, "-m", "tasks.launch", str(request_path)]
 
@@ -114,7 +143,7 @@ def train_on_processes(
     processes = config.training_processes()
     logger.info("%s on %d processes: %s", stage, processes, " ".join(command[1:]))
     started = time.perf_counter()
-    returncode = _run_forwarding_log(command, launch_dir / "ranks.log")
+    returncode = run_forwarding_log(command, launch_dir / "ranks.log")
     (launch_dir / "exit.json").write_text(json.dumps({"returncode": returncode}))
     finished = (launch_dir / "result.json").is_file() and not list(launch_dir.glob("rank-*.error.json"))
     if returncode != 0 and not finished:
@@ -143,10 +172,21 @@ def train_on_processes(
     )
 
 
-def _run_forwarding_log(command: list[str], log_path: Path) -> int:
-    """Run the launcher; every line goes to ``log_path``, rank 0's log lines (not progress bars) to this log."""
+def run_forwarding_log(
+    command: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    forward: Callable[[str], None] | None = None,
+) -> int:
+    """Run the launcher with ``env`` added; every line goes to ``log_path`` and to ``forward`` (default: rank 0's
+    log lines, not progress bars, to this log)."""
     # The ranks run no flow: Prefect's API log handler has nothing to send their records to.
-    env = {**os.environ, "PREFECT_LOGGING_TO_API_ENABLED": "false", "PYTHONWARNINGS": "ignore::FutureWarning"}
+    env = {
+        **os.environ,
+        "PREFECT_LOGGING_TO_API_ENABLED": "false",
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+        **(env or {}),
+    }
     with (
         log_path.open("w") as log,
         subprocess.Popen(
@@ -156,7 +196,10 @@ def _run_forwarding_log(command: list[str], log_path: Path) -> int:
         assert process.stdout is not None
         for line in process.stdout:
             log.write(line)
-            if line.startswith("[rank 0] "):
+            log.flush()
+            if forward is not None:
+                forward(line)
+            elif line.startswith("[rank 0] "):
                 logger.info("%s", line.rstrip()[len("[rank 0] ") :])
         return process.wait()
 

@@ -1,9 +1,13 @@
-"""Checkpoints of a remote GRPO stage (``orchestration.grpo_deployment``) kept where a new worker finds them: a
-folder every GPU worker sees (``orchestration.remote_checkpoints``), else the pipeline's MLflow run artifacts
-(``handoff/grpo-checkpoints/``, e.g. MinIO/S3). After each save the checkpoint is copied there and older ones are
-pruned (the newest ``orchestration.keep_checkpoints`` stay, as in the trainer's own folder); a worker that starts
-the stage again (``grpoflow run --resume``, a Prefect retry) restores the newest complete one and the trainer
-continues from it.
+"""Checkpoints of a stage that trains away from the pipeline (a remote GRPO deployment, several nodes) kept where a
+new worker finds them: a folder every worker sees (``orchestration.remote_checkpoints``), else the pipeline's MLflow
+run artifacts (``handoff/<stage>-checkpoints/``, e.g. MinIO/S3). After each save the checkpoint is copied there and
+older ones are pruned (the newest ``orchestration.keep_checkpoints`` stay, as in the trainer's own folder); a worker
+that starts the stage again (``grpoflow run --resume``, a Prefect retry) restores the newest complete one and the
+trainer continues from it.
+
+On several nodes every node copies its own part (each process writes its ``rng_state_N.pth`` into its node's
+checkpoint; rank 0 alone the adapter and optimizer) into the same checkpoint, and the checkpoint is complete only
+once every node's part is: a resume on any node then restores every process's random state.
 
 A copy counts only once complete: a folder copy is renamed into place, an upload is followed by a marker; a worker
 killed mid-copy leaves nothing a resume would take. Must not import: torch, Prefect.
@@ -15,6 +19,7 @@ import logging
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +31,26 @@ logger = logging.getLogger(__name__)
 
 ARTIFACT_DIR = f"{HANDOFF}/grpo-checkpoints"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def artifact_dir(stage: str) -> str:
+    """Where a stage's checkpoints go among the pipeline run's artifacts.
+
+    >>> artifact_dir("sft")
+    'handoff/sft-checkpoints'
+    """
+    return f"{HANDOFF}/{stage}-checkpoints"
+
+
+def markers(name: str, nodes: int) -> list[str]:
+    """The markers that make checkpoint ``name`` complete: one, or one per node.
+
+    >>> markers("checkpoint-4", 1), markers("checkpoint-4", 2)
+    (['checkpoint-4.complete'], ['checkpoint-4.node-0.complete', 'checkpoint-4.node-1.complete'])
+    """
+    if nodes == 1:
+        return [f"{name}.complete"]
+    return [f"{name}.node-{node}.complete" for node in range(nodes)]
 
 
 def newest_first(names: list[str]) -> list[str]:
@@ -48,14 +73,19 @@ class CheckpointStore(Protocol):
 
 
 class FolderStore:
-    """Checkpoints in a shared folder: ``<root>/checkpoint-N``."""
+    """Checkpoints in a shared folder: ``<root>/checkpoint-N``. One node renames its copy into place; several
+    each merge their files into it and then write their marker ``checkpoint-N.node-K.complete``."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, nodes: int = 1, node: int = 0) -> None:
+        self.root, self.nodes, self.node = root, nodes, node
         self.where = str(root)
 
     def put(self, checkpoint: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.nodes > 1:
+            shutil.copytree(checkpoint, self.root / checkpoint.name, dirs_exist_ok=True)
+            (self.root / markers(checkpoint.name, self.nodes)[self.node]).write_text("")
+            return
         partial = self.root / f".{checkpoint.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(checkpoint, partial)
@@ -63,36 +93,47 @@ class FolderStore:
         partial.rename(self.root / checkpoint.name)  # atomic: a reader sees all of it or none
 
     def complete(self) -> list[str]:
-        return newest_first([p.name for p in self.root.iterdir()]) if self.root.is_dir() else []
+        if not self.root.is_dir():
+            return []
+        names = [p.name for p in self.root.iterdir()]
+        if self.nodes == 1:
+            return newest_first(names)
+        return [name for name in newest_first(names) if set(markers(name, self.nodes)) <= set(names)]
 
     def fetch(self, name: str, destination: Path) -> None:
         shutil.copytree(self.root / name, destination)
 
     def delete(self, name: str) -> None:
+        for marker in markers(name, self.nodes) if self.nodes > 1 else []:
+            (self.root / marker).unlink(missing_ok=True)  # first: a half-deleted one is not taken
         shutil.rmtree(self.root / name, ignore_errors=True)
 
 
 class MlflowStore:
-    """Checkpoints as artifacts of the pipeline's parent MLflow run: ``handoff/grpo-checkpoints/checkpoint-N/``,
-    each followed by the marker ``checkpoint-N.complete`` once all of its files are up."""
+    """Checkpoints as artifacts of the pipeline's parent MLflow run: ``handoff/<stage>-checkpoints/checkpoint-N/``,
+    followed by the marker ``checkpoint-N.complete`` (``checkpoint-N.node-K.complete`` from each of several nodes)
+    once all of its files are up."""
 
-    def __init__(self, tracking_uri: str, parent_run_id: str) -> None:
+    def __init__(
+        self, tracking_uri: str, parent_run_id: str, stage: str = "grpo", nodes: int = 1, node: int = 0
+    ) -> None:
         from tasks.tracking import client_for
 
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
+        self.folder, self.nodes, self.node = artifact_dir(stage), nodes, node
         self.client = client_for(tracking_uri)
-        self.where = f"MLflow run {parent_run_id} artifacts {ARTIFACT_DIR}/"
+        self.where = f"MLflow run {parent_run_id} artifacts {self.folder}/"
 
     def put(self, checkpoint: Path) -> None:
-        self.client.log_artifacts(self.parent_run_id, str(checkpoint), f"{ARTIFACT_DIR}/{checkpoint.name}")
+        self.client.log_artifacts(self.parent_run_id, str(checkpoint), f"{self.folder}/{checkpoint.name}")
         with tempfile.TemporaryDirectory() as scratch:
-            marker = Path(scratch) / f"{checkpoint.name}.complete"
+            marker = Path(scratch) / markers(checkpoint.name, self.nodes)[self.node]
             marker.write_text("")
-            self.client.log_artifact(self.parent_run_id, str(marker), ARTIFACT_DIR)
+            self.client.log_artifact(self.parent_run_id, str(marker), self.folder)
 
     def complete(self) -> list[str]:
-        names = [Path(item.path).name for item in self.client.list_artifacts(self.parent_run_id, ARTIFACT_DIR)]
-        return [name for name in newest_first(names) if f"{name}.complete" in names]
+        names = {Path(item.path).name for item in self.client.list_artifacts(self.parent_run_id, self.folder)}
+        return [name for name in newest_first(list(names)) if set(markers(name, self.nodes)) <= names]
 
     def fetch(self, name: str, destination: Path) -> None:
         import mlflow.artifacts
@@ -100,7 +141,7 @@ class MlflowStore:
         with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
             local = mlflow.artifacts.download_artifacts(
                 run_id=self.parent_run_id,
-                artifact_path=f"{ARTIFACT_DIR}/{name}",
+                artifact_path=f"{self.folder}/{name}",
                 dst_path=scratch,
                 tracking_uri=self.tracking_uri,
             )
@@ -111,21 +152,24 @@ class MlflowStore:
 
         run = self.client.get_run(self.parent_run_id)
         repository = get_artifact_repository(run.info.artifact_uri, tracking_uri=self.tracking_uri)
-        repository.delete_artifacts(f"{ARTIFACT_DIR}/{name}.complete")  # first: a half-deleted one is not taken
-        repository.delete_artifacts(f"{ARTIFACT_DIR}/{name}")
+        for marker in markers(name, self.nodes):  # first: a half-deleted one is not taken
+            repository.delete_artifacts(f"{self.folder}/{marker}")
+        repository.delete_artifacts(f"{self.folder}/{name}")
 
 
 def store_for(where: dict[str, Any]) -> CheckpointStore:
-    """The store ``where`` names (plain JSON, so it travels to a deployment and to training ranks): keys
-    ``remote_checkpoints`` (a shared folder, or None for MLflow), ``tracking_uri``, ``parent_run_id``, ``run_id``.
-    A shared folder holds ``<remote_checkpoints>/<run_id>/grpo/checkpoint-N``.
+    """The store ``where`` names (plain JSON, so it travels to a deployment, to nodes and to training ranks): keys
+    ``remote_checkpoints`` (a shared folder, or None for MLflow), ``tracking_uri``, ``parent_run_id``, ``run_id``;
+    optional ``stage`` (default "grpo"), ``nodes`` and this ``node`` (default 1 and 0). A shared folder holds
+    ``<remote_checkpoints>/<run_id>/<stage>/checkpoint-N``.
 
     >>> store_for({"remote_checkpoints": "/shared", "tracking_uri": "", "parent_run_id": "", "run_id": "r1"}).where
     '/shared/r1/grpo'
     """
+    stage, nodes, node = where.get("stage", "grpo"), int(where.get("nodes", 1)), int(where.get("node", 0))
     if where.get("remote_checkpoints"):
-        return FolderStore(Path(where["remote_checkpoints"]) / where["run_id"] / "grpo")
-    return MlflowStore(where["tracking_uri"], where["parent_run_id"])
+        return FolderStore(Path(where["remote_checkpoints"]) / where["run_id"] / stage, nodes, node)
+    return MlflowStore(where["tracking_uri"], where["parent_run_id"], stage, nodes, node)
 
 
 def prune(store: CheckpointStore, keep: int) -> list[str]:
@@ -157,19 +201,29 @@ def clear(store: CheckpointStore) -> None:
 
 
 class CheckpointMirror(TrainerCallback):
-    """After each checkpoint the trainer saves (rank 0): copy it to the store, then prune the store to the newest
-    ``keep`` (``orchestration.keep_checkpoints``, the trainer's own limit too). Runs after the callbacks that add
-    files to the checkpoint (the signal guards' pool)."""
+    """After each checkpoint the trainer saves: copy it to the store, then prune the store to the newest ``keep``
+    (``orchestration.keep_checkpoints``, the trainer's own limit too). Runs after the callbacks that add files to
+    the checkpoint (the signal guards' pool). Each node's first process copies its node's part; with several
+    processes it first waits (``wait_s`` at most) for ``random_states``, the files the node's processes write."""
 
-    def __init__(self, store: CheckpointStore, keep: int) -> None:
+    def __init__(
+        self, store: CheckpointStore, keep: int, random_states: list[str] | None = None, wait_s: float = 60
+    ) -> None:
         self.store, self.keep = store, keep
+        self.random_states, self.wait_s = random_states or [], wait_s
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if not state.is_world_process_zero or not checkpoint.is_dir():
+        if not state.is_local_process_zero or not checkpoint.is_dir():
             return
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline and not all((checkpoint / f).is_file() for f in self.random_states):
+            time.sleep(0.05)
+        missing = [f for f in self.random_states if not (checkpoint / f).is_file()]
+        if missing:
+            logger.warning("%s: %s not written after %.0f s; copied without", checkpoint, missing, self.wait_s)
         self.store.put(checkpoint)
-        pruned = prune(self.store, self.keep)
+        pruned = prune(self.store, self.keep) if state.is_world_process_zero else []
         logger.info(
             "%s copied to %s%s", checkpoint.name, self.store.where, f" (pruned {', '.join(pruned)})" if pruned else ""
         )

@@ -238,6 +238,10 @@ def train_and_save(trainer: Any, resume_from: Path | None, max_steps: int, adapt
                 shutil.copy2(resume_from / name, staging / name)
         steps = checkpoint_step(resume_from)
     else:
+        if resume_from is not None:
+            from tasks.speedups.cpu_resume import plain_cpu_device
+
+            plain_cpu_device(trainer.args)  # several CPU processes: the optimizer loads onto "cpu", not "cpu:0"
         with bar_safe_console():  # log lines above the training bar, not through it
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         trainer.save_model(str(staging))  # every rank calls it (ZeRO-3 gathers the weights); rank 0 writes

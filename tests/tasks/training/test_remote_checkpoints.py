@@ -28,7 +28,7 @@ def test_the_trainer_and_the_mirror_keep_the_same_number(keep: int, tmp_path: Pa
     mirror = CheckpointMirror(store, config.orchestration.keep_checkpoints)
     for step in range(1, 6):
         _checkpoint(tmp_path / "out", step)
-        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
+        state = SimpleNamespace(global_step=step, is_world_process_zero=True, is_local_process_zero=True)
         mirror.on_save(SimpleNamespace(output_dir=str(tmp_path / "out")), state, None)
     assert store.complete() == [f"checkpoint-{step}" for step in range(5, 5 - keep, -1)]
 

@@ -1,0 +1,306 @@
+"""A training stage on several nodes, as the stage task sees it: put the launch request and inputs in the stage's
+MLflow run, have the configured launcher start one node agent per node, wait for every node's report (or the
+job's end), and turn them into the stage's result or one error that names the node and rank that failed first.
+The nodes share nothing but the MLflow tracking server.
+
+Must not import: Prefect (the stage task wraps this; a Prefect cancel reaches ``cancel`` through the wait).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.config import PipelineConfig
+from tasks.errors import UserError
+from tasks.layout import ADAPTER
+from tasks.tracking import RUN_ID_TAG
+from tasks.training.launch import TrainingProcessError
+from tasks.training.ledger import LEDGER_DIR
+from tasks.training.nodes.exchange import INPUTS, REQUEST, RESULT, StageArtifacts, model_digest, node_folder
+from tasks.training.nodes.launchers import LocalNodes, ManualNodes, NodeJob, agent_command
+from tasks.training.remote_checkpoints import clear, store_for
+from tasks.training.trainer import TrainResult
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 2.0
+GRACE_S = 30.0  # after the launcher says the job ended, how long reports may still be on their way
+
+
+class NodesNeedServer(UserError, ValueError):
+    """Several nodes with a tracking store that only this machine sees."""
+
+
+def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
+    """The nodes meet only in MLflow: a store other machines reach (an ``http(s)://`` tracking server).
+
+    >>> check_shared_store(PipelineConfig(), "sqlite:///x.db")  # one node: any store
+    >>> two = PipelineConfig.model_validate({"orchestration": {"nodes": 2}})
+    >>> check_shared_store(two, "sqlite:///x.db")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tasks.training.nodes.stage.NodesNeedServer: orchestration.nodes is 2: the nodes share nothing but the MLflow ...
+    """
+    if config.orchestration.nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
+        raise NodesNeedServer(
+            f"orchestration.nodes is {config.orchestration.nodes}: the nodes share nothing but the MLflow tracking "
+            f"server, and {tracking_uri} is a store only this machine sees; set tracking.tracking_uri to a server "
+            "every node reaches (e.g. `mlflow server --serve-artifacts`)"
+        )
+
+
+def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path, name: str, uri: str) -> NodeJob:
+    """The configured launcher's job for these agents."""
+    launcher = config.orchestration.launcher
+    if launcher == "local":
+        return LocalNodes(commands, launch_dir)
+    if launcher == "manual":
+        return ManualNodes(commands, launch_dir)
+    generic = agent_command(uri, commands[0][commands[0].index("--stage-run") + 1])  # node rank from the job
+    if launcher == "slurm":
+        from tasks.training.nodes.slurm import SlurmJob, job_name
+
+        return SlurmJob(config, generic, launch_dir, job_name(name, launch_dir.parent.name))
+    from tasks.training.nodes.kubeflow import KubeflowJob, resource_name
+
+    return KubeflowJob(config, generic, launch_dir, resource_name(name, launch_dir.parent.name), uri)
+
+
+def send_request(
+    artifacts: StageArtifacts,
+    stage: str,
+    config: PipelineConfig,
+    train_path: Path,
+    base_model_dir: Path,
+    sft_adapter_dir: Path | None,
+    keep_ids: set[str] | None,
+    checkpoint_store: dict[str, Any],
+    restore_store: dict[str, Any] | None = None,
+) -> None:
+    """Upload the inputs and then the request (the agents fetch the request first: it must find its inputs).
+    The nodes copy checkpoints to ``checkpoint_store`` and resume from ``restore_store``'s newest (default: the
+    same store)."""
+    source = config.model.source
+    shipped = Path(source).expanduser().is_dir()  # a local folder: other machines may not have it
+    artifacts.put(train_path, f"{INPUTS}/{train_path.name}")
+    if sft_adapter_dir is not None:
+        artifacts.put(sft_adapter_dir, f"{INPUTS}/sft-adapter")
+    if shipped:
+        artifacts.put(base_model_dir, f"{INPUTS}/base-model")
+    reward_modules = ship_reward_modules(artifacts, config)
+    if config.orchestration.accelerate_config:
+        artifacts.put(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
+    request = {
+        "stage": stage,
+        "config": config.model_dump(mode="json"),
+        "train_file": train_path.name,
+        "sft_adapter": sft_adapter_dir is not None,
+        "keep_ids": sorted(keep_ids) if keep_ids is not None else None,
+        "model": {
+            "source": source,
+            "revision": config.model.revision,
+            "digest": model_digest(base_model_dir),
+            "shipped": shipped,
+        },
+        "checkpoint_store": checkpoint_store,
+        "restore_store": restore_store or checkpoint_store,
+        "reward_modules": reward_modules,
+        "nodes": config.orchestration.nodes,
+        "host": config.orchestration.rendezvous_host,
+        "port": config.orchestration.rendezvous_port,
+    }
+    artifacts.put_json(request, REQUEST)
+
+
+def resume_source(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
+    """The store to resume from: ``store`` itself, or where it lies in MLflow, the store of the newest earlier
+    attempt at the same pipeline run (``grpoflow run --resume`` opens a new parent run) that holds a complete
+    checkpoint."""
+    if store.get("remote_checkpoints"):  # a folder keyed by the run id: the same for every attempt
+        return store
+    client = stage_run.client
+    run = client.get_run(stage_run.run_id)
+    attempts = client.search_runs(
+        [run.info.experiment_id],
+        f"tags.`{RUN_ID_TAG}` = '{run.data.tags[RUN_ID_TAG]}'",
+        order_by=["attributes.start_time DESC"],
+    )
+    for attempt in attempts:
+        if "mlflow.parentRunId" in attempt.data.tags:
+            continue  # a stage's run, not an attempt's parent
+        candidate = {**store, "parent_run_id": attempt.info.run_id}
+        if store_for(candidate).complete():
+            return candidate
+    return store
+
+
+def reward_module_files(name: str, folder: Path) -> list[Path]:
+    """The file or package of an import-path reward inside its ``path`` folder (what another machine needs).
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp()); _ = (folder / "my_reward.py").write_text("")
+    >>> [p.name for p in reward_module_files("my_reward:score", folder)], reward_module_files("other:f", folder)
+    (['my_reward.py'], [])
+    """
+    top = name.split(":")[0].split(".")[0]
+    return [p for p in (folder / f"{top}.py", folder / top) if p.exists()]
+
+
+def ship_reward_modules(artifacts: StageArtifacts, config: PipelineConfig) -> list[int]:
+    """Upload the module of every reward imported from a ``path`` folder (``launch/inputs/rewards/<index>/``): the
+    other machines do not have this one's folders. Rewards importable without a path come with each node's
+    install. Returns the indexes shipped."""
+    shipped = []
+    for index, spec in enumerate(config.rewards):
+        if ":" not in spec.name or spec.path is None:
+            continue
+        for local in reward_module_files(spec.name, Path(spec.path)):
+            artifacts.put(local, f"{INPUTS}/rewards/{index}/{local.name}")
+        shipped.append(index)
+    return shipped
+
+
+def node_reports(artifacts: StageArtifacts, nodes: int) -> dict[int, dict[str, Any]]:
+    """The exits the nodes have reported so far."""
+    reports = {}
+    for node in range(nodes):
+        if f"{node_folder(node)}/exit.json" in artifacts.names(node_folder(node)):
+            reports[node] = artifacts.fetch_json(f"{node_folder(node)}/exit.json")
+    return reports
+
+
+def wait_for_nodes(job: NodeJob, artifacts: StageArtifacts, nodes: int, timeout_s: float | None) -> dict[int, Any]:
+    """Poll until every node reported, or the job ended (and a grace period passed); returns the reports."""
+    started, ended_at = time.monotonic(), None
+    while True:
+        reports = node_reports(artifacts, nodes)
+        if len(reports) == nodes:
+            return reports
+        state = job.state()
+        if state == "ended":
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > (0 if isinstance(job, LocalNodes) else GRACE_S):
+                return node_reports(artifacts, nodes)
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise TrainingProcessError(
+                f"the nodes did not finish within orchestration.node_wait_timeout_s ({timeout_s:.0f} s); "
+                f"{len(reports)} of {nodes} reported ({job.description})"
+            )
+        time.sleep(0.2 if state == "ended" else POLL_S)
+
+
+def rank_reports(artifacts: StageArtifacts, nodes: int) -> list[dict[str, Any]]:
+    """Every error a rank (or an agent) reported, first first."""
+    reports = []
+    for node in range(nodes):
+        for name in artifacts.names(f"{node_folder(node)}/errors"):
+            reports.append({"node": node, **artifacts.fetch_json(name)})
+    return sorted(reports, key=lambda report: report["time"])
+
+
+def nodes_error(stage: str, job: NodeJob, artifacts: StageArtifacts, nodes: int, exits: dict[int, Any]) -> Exception:
+    """One error for a failed group: a node that vanished without a report first (the others stopped because of
+    it), else the first error a rank reported, keeping its type (a gate stop on node 1 is still a gate stop),
+    else the nodes' exit codes."""
+    logs = f"MLflow run {artifacts.run_id} artifacts launch/nodes/"
+    vanished = [node for node in range(nodes) if node not in exits]
+    if vanished:
+        ends = job.ends()
+        how = "; ".join(f"node {n}: {ends.get(n, 'no report')}" for n in vanished)
+        others = ", ".join(f"node {n}: exit {report['returncode']}" for n, report in sorted(exits.items()))
+        return TrainingProcessError(
+            f"{stage}: node {vanished[0]} ended without reporting ({how}); the other nodes stopped with it "
+            f"({others or 'none reported'}); "
+            f"logs: {logs}; `grpoflow run --resume` restarts every node from the newest complete checkpoint"
+        )
+    reports = rank_reports(artifacts, nodes)
+    if not reports:
+        codes = ", ".join(f"node {n}: {e['returncode']}" for n, e in sorted(exits.items()))
+        return TrainingProcessError(f"{stage}: the nodes exited ({codes}) and no rank reported an error; logs: {logs}")
+    first = reports[0]
+    where = f"node {first['node']}" + (f" rank {first['rank']}" if first.get("rank") is not None else "")
+    message = f"{stage} {where}: {first['message']}"
+    try:
+        error_type = getattr(importlib.import_module(first["module"]), first["type"])
+    except (ImportError, AttributeError):
+        error_type = None
+    if isinstance(error_type, type) and first["module"].split(".")[0] in ("tasks", "reward_fns"):
+        try:
+            return error_type(message)
+        except TypeError:
+            pass
+    return TrainingProcessError(f"{message} ({first['type']}); every node was stopped; logs: {logs}")
+
+
+def train_on_nodes(
+    stage: str,
+    config: PipelineConfig,
+    stage_run: Any,
+    train_path: Path,
+    base_model_dir: Path,
+    sft_adapter_dir: Path | None = None,
+    keep_ids: set[str] | None = None,
+    checkpoint_store: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Run ``stage`` on ``orchestration.nodes`` nodes and return rank 0's result, its adapter (and rollout ledger)
+    downloaded into the stage's folder. Checkpoints go to the pipeline run's store, every node's part of each."""
+    uri, nodes = stage_run.tracking_uri, config.orchestration.nodes
+    check_shared_store(config, uri)
+    artifacts = StageArtifacts(uri, stage_run.run_id)
+    parent = stage_run.client.get_run(stage_run.run_id).data.tags["mlflow.parentRunId"]
+    store = checkpoint_store or {
+        "remote_checkpoints": config.orchestration.remote_checkpoints,
+        "tracking_uri": uri,
+        "parent_run_id": parent,
+        "run_id": Path(stage_run.dir).parent.name,
+    }
+    store = {**store, "stage": stage, "nodes": nodes}
+    restore = resume_source(stage_run, store)
+    send_request(artifacts, stage, config, train_path, base_model_dir, sft_adapter_dir, keep_ids, store, restore)
+    stage_run.set_tags({"nodes": nodes, "launcher": config.orchestration.launcher})
+    commands = [agent_command(uri, stage_run.run_id, node) for node in range(nodes)]
+    launch_dir = Path(stage_run.dir) / "launch"
+    job = job_for(config, commands, launch_dir, Path(stage_run.dir).parent.name, uri)
+    started = time.perf_counter()
+    logger.info("%s on %s, %d processes each", stage, job.description, config.training_processes())
+    job.start()
+    try:
+        exits = wait_for_nodes(job, artifacts, nodes, config.orchestration.node_wait_timeout_s)
+    except BaseException:
+        job.cancel()  # a Prefect cancel, a timeout, Ctrl-C: the nodes must not train on alone
+        raise
+    if job.state() != "ended" and any(e["returncode"] != 0 for e in exits.values()):
+        job.cancel()
+    stage_run.log_metrics({f"node_{n}_seconds": e["seconds"] for n, e in exits.items()})
+    found = f"{RESULT}/result.json" in artifacts.names(RESULT)
+    failed = [node for node, exit_report in exits.items() if exit_report["returncode"] != 0]
+    if not found or len(exits) < nodes or (failed and rank_reports(artifacts, nodes)):
+        raise nodes_error(stage, job, artifacts, nodes, exits)
+    if failed:
+        # Rank 0 wrote the result after the last collective: a node that failed after that (at exit) must not
+        # throw the whole adapter away. Said, not hidden.
+        logger.warning("%s: node %s exited with an error after the stage finished; the result is whole", stage, failed)
+    result = artifacts.fetch_json(f"{RESULT}/result.json")
+    stage_dir = Path(stage_run.dir)
+    for name in (ADAPTER, LEDGER_DIR):
+        if f"{RESULT}/{name}" in artifacts.names(RESULT):
+            shutil.rmtree(stage_dir / name, ignore_errors=True)
+            with tempfile.TemporaryDirectory(dir=stage_dir) as scratch:
+                artifacts.fetch(f"{RESULT}/{name}", Path(scratch)).rename(stage_dir / name)
+    for done_with in {json.dumps(store, sort_keys=True), json.dumps(restore, sort_keys=True)}:
+        clear(store_for(json.loads(done_with)))  # the adapter is here: the nodes' checkpoints are done with
+    logger.info("%s on %d nodes: %d steps in %.0f s", stage, nodes, result["steps"], time.perf_counter() - started)
+    return TrainResult(
+        stage_dir / ADAPTER,
+        result["steps"],
+        result["seconds"],
+        result["history"],
+        result.get("stop"),
+        generated_by=result.get("generated_by"),
+    )

@@ -1,0 +1,205 @@
+"""Two nodes on this machine (``make test-nodes``): each node agent in its own filesystem and PID namespace
+(bubblewrap), the nodes meeting on loopback through torch's c10d rendezvous, and nothing but a real MLflow
+tracking server between them and the stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from flows.pipeline import pipeline
+from tasks.config import PipelineConfig
+from tasks.errors import GateStop
+
+pytestmark = pytest.mark.xdist_group("nodes")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def two_nodes(tiny_config: PipelineConfig, server: dict, name: str, port: int, **changes) -> PipelineConfig:
+    raw = tiny_config.model_dump()
+    raw["orchestration"] = {**raw["orchestration"], "nodes": 2, "launcher": "local", "rendezvous_port": port}
+    raw["grpo"] = {**raw["grpo"], "batch_size": 4}  # per process: 2 × 4 completions = two groups of 4 per step
+    raw["tracking"] = {**raw["tracking"], "registered_model_name": name, "tracking_uri": server["uri"]}
+    raw["model"] = {**raw["model"], "precision": "bf16"}  # as the two-process test: TRL's generation on ranks
+    return PipelineConfig.model_validate({**raw, **changes})
+
+
+def stage_runs(config: PipelineConfig, run_id: str) -> dict[str, list]:
+    client = MlflowClient(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    runs = client.search_runs([experiment.experiment_id], f"tags.grpoflow.run_id = '{run_id}'")
+    found: dict[str, list] = {}
+    for run in runs:
+        found.setdefault(run.data.tags.get("grpoflow.stage", "parent"), []).append(run)
+    return found
+
+
+def test_the_tiny_pipeline_trains_on_two_nodes(tiny_config: PipelineConfig, mlflow_server: dict) -> None:
+    config = two_nodes(tiny_config, mlflow_server, "tiny-two-nodes", 29431)
+    summary = pipeline(config, "tiny-nodes")
+    assert summary["promotion"]["version"] == "1"
+    client = MlflowClient(mlflow_server["uri"])
+    runs = stage_runs(config, "tiny-nodes")
+    for stage, steps in (("sft", config.sft.max_steps), ("grpo", config.grpo.max_steps)):
+        assert len(runs[stage]) == 1, stage  # one MLflow stage run, not one per node or rank
+        run = runs[stage][0]
+        loss = client.get_metric_history(run.info.run_id, "loss")
+        assert sorted(m.step for m in loss) == list(range(1, steps + 1)), stage  # each step logged once
+        assert run.data.tags["nodes"] == "2"
+        for node in (0, 1):
+            folder = Path(client.download_artifacts(run.info.run_id, f"launch/nodes/node-{node}"))
+            assert json.loads((folder / "exit.json").read_text())["returncode"] == 0, (stage, node)
+            log = (folder / "log.txt").read_text()
+            assert f"node {node}: RANK=" in log and "WORLD_SIZE=2" in log, (stage, node)
+    assert summary["evaluation"]["models"]["grpo"]["n_samples"] == config.evaluation.n_samples
+
+
+def grpo_only(config: PipelineConfig, **grpo) -> PipelineConfig:
+    raw = config.model_dump()
+    raw["sft"]["enabled"] = False
+    raw["probe"]["enabled"] = False
+    raw["grpo"].update(grpo)
+    return PipelineConfig.model_validate(raw)
+
+
+def test_same_seed_on_two_nodes_twice_gives_the_same_adapter(tiny_config: PipelineConfig, mlflow_server) -> None:
+    config = grpo_only(two_nodes(tiny_config, mlflow_server, "tiny-nodes-seed", 29433))
+    adapters = []
+    for run_id in ("seed-a", "seed-b"):
+        pipeline(config, run_id)
+        adapters.append((config.output_dir / run_id / "grpo" / "adapter" / "adapter_model.safetensors").read_bytes())
+    assert adapters[0] == adapters[1]
+
+
+def test_an_error_on_node_1_reaches_the_stage_as_a_gate_stop_naming_it(
+    tiny_config: PipelineConfig, mlflow_server, tmp_path: Path
+) -> None:
+    """A reward that cannot judge on node 1 only: its rank stops (the None-share gate); node 0's rank would wait
+    for it in the next collective; torch's agent ends it, and the stage raises node 1's own error."""
+    (tmp_path / "node_reward.py").write_text(
+        "import os\n"
+        "def judged_on_node_0(completions, **kwargs):\n"
+        "    return [None if os.environ.get('GRPOFLOW_NODE_RANK') == '1' else 1.0 for _ in completions]\n"
+    )
+    config = grpo_only(
+        two_nodes(
+            tiny_config,
+            mlflow_server,
+            "tiny-nodes-gate",
+            29435,
+            rewards=[{"name": "node_reward:judged_on_node_0", "path": str(tmp_path)}],
+            canaries={"enabled": False},
+        )
+    )
+    with pytest.raises(GateStop, match=r"grpo node 1 rank 1: reward judged_on_node_0 could not judge"):
+        pipeline(config, "nodes-gate")
+
+
+SLOW_REWARD = """
+import time
+
+def slow_length(completions, **kwargs):
+    time.sleep(0.3)  # each GRPO step long enough to kill a node between checkpoints
+    return [-abs(8 - len(c if isinstance(c, str) else c[-1]["content"])) / 8 for c in completions]
+"""
+
+
+def _cli(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", *args],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _parent_run(client: MlflowClient, experiment: str, run_id: str):
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], f"tags.grpoflow.run_id = '{run_id}'")
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return parents[0] if parents else None
+
+
+def test_a_node_killed_whole_ends_the_stage_and_resume_brings_both_back(
+    tiny_config: PipelineConfig, mlflow_server, tmp_path: Path
+) -> None:
+    (tmp_path / "slowreward.py").write_text(SLOW_REWARD)
+    config = grpo_only(
+        two_nodes(
+            tiny_config,
+            mlflow_server,
+            "tiny-nodes-kill",
+            29437,
+            rewards=[{"name": "slowreward:slow_length", "path": str(tmp_path)}],
+            canaries={"enabled": False},
+        ),
+        max_steps=8,
+        checkpoint_steps=2,
+    )
+    config_path = tmp_path / "kill.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    client = MlflowClient(mlflow_server["uri"])
+
+    first = _cli([str(config_path), "--run-id", "nodes-kill"])
+    deadline = time.monotonic() + 300
+    second_checkpoint = {"checkpoint-4.node-0.complete", "checkpoint-4.node-1.complete"}
+    while True:
+        assert first.poll() is None, first.stdout.read()
+        assert time.monotonic() < deadline, "the nodes never completed their second checkpoint"
+        parent = _parent_run(client, config.tracking.experiment_name, "nodes-kill")
+        if parent is not None:
+            names = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "handoff/grpo-checkpoints")}
+            if second_checkpoint <= names:
+                break
+        time.sleep(0.2)
+    stored = {
+        Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "handoff/grpo-checkpoints/checkpoint-4")
+    }
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= stored  # both nodes' random states, each from its own node
+    nodes = json.loads((config.output_dir / "nodes-kill" / "grpo" / "launch" / "nodes.json").read_text())
+    killed_at = time.time()
+    os.killpg(nodes["1"]["process_group"], signal.SIGKILL)  # node 1 whole: agent, launcher and ranks
+    output, _ = first.communicate(timeout=180)
+    assert first.returncode == 4, output[-3000:]
+    assert "node 1 ended without reporting (node 1: killed by signal 9 (SIGKILL))" in output, output[-3000:]
+    failed = [
+        r
+        for r in client.search_runs([parent.info.experiment_id], "tags.grpoflow.run_id = 'nodes-kill'")
+        if r.data.tags.get("grpoflow.stage") == "grpo"
+    ]
+    node_0 = Path(client.download_artifacts(failed[0].info.run_id, "launch/nodes/node-0/exit.json", str(tmp_path)))
+    node_0_ended = json.loads(node_0.read_text())
+    assert node_0_ended["returncode"] != 0
+    seconds = node_0_ended["ended"] - killed_at
+    print(f"node 0 ended {seconds:.1f} s after node 1 was killed")
+    assert seconds < 30
+
+    resumed = _cli([str(config_path), "--resume", "nodes-kill"])
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output[-3000:]
+    grpo_runs = sorted(
+        (
+            r
+            for r in client.search_runs([parent.info.experiment_id], "tags.grpoflow.run_id = 'nodes-kill'")
+            if r.data.tags.get("grpoflow.stage") == "grpo"
+        ),
+        key=lambda r: r.info.start_time,
+    )
+    assert [r.info.status for r in grpo_runs] == ["FAILED", "FINISHED"]
+    assert grpo_runs[1].data.metrics["train_steps"] == 8
+    for node in (0, 1):  # every node restored the mirrored checkpoint (the RNG file of each of its processes)
+        log = (config.output_dir / "nodes-kill" / "grpo" / "launch" / f"node-{node}.agent.log").read_text()
+        assert "restored checkpoint-4" in log, (node, log[-2000:])
