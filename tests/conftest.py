@@ -53,6 +53,9 @@ from tasks.config import PipelineConfig, load_config  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 # tests/vllm needs vLLM, which `make test` does not install: `make test-vllm` runs it in its own venv.
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+# tests/nodes trains on two nodes for minutes: `make test-nodes` runs it.
+if not os.environ.get("GRPOFLOW_TEST_NODES"):
+    collect_ignore.append("nodes")
 
 
 @contextlib.contextmanager

@@ -89,7 +89,7 @@ class PipelineConfig(_Strict):
         world = nodes * processes
         if (grpo.batch_size * world) % grpo.num_generations:
             across = f" × {nodes} nodes" if nodes > 1 else ""
-            across += f" × {processes} processes" if processes > 1 or nodes > 1 else ""
+            across += f" × {processes} process{'es' if processes > 1 else ''}" if processes > 1 or nodes > 1 else ""
             across += f" = {grpo.batch_size * world}" if world > 1 else ""
             raise ValueError(
                 f"grpo.batch_size ({grpo.batch_size}, per process){across} must be a multiple of "

@@ -85,8 +85,14 @@ class LocalNodes:
     """N node agents on this host. Each node's agent log is ``<launch_dir>/node-K.agent.log``; ``nodes.json`` holds
     each node's process group (``kill_node`` ends one whole, as a machine that dies would)."""
 
-    def __init__(self, commands: list[list[str]], launch_dir: Path, isolate: bool | None = None) -> None:
+    def __init__(
+        self, commands: list[list[str]], launch_dir: Path, isolate: bool | None = None, processes_per_node: int = 1
+    ) -> None:
         self.commands, self.launch_dir = commands, launch_dir
+        # The host's cores shared among every rank of every node (torch's threads spin while they wait), unless
+        # the environment says how many.
+        share = max(1, (os.cpu_count() or 1) // (len(commands) * processes_per_node))
+        self.threads = os.environ.get("OMP_NUM_THREADS", str(share))
         self.isolated = shutil.which("bwrap") is not None if isolate is None else isolate
         self.processes: list[subprocess.Popen[str]] = []
         self.readers: list[threading.Thread] = []
@@ -112,7 +118,7 @@ class LocalNodes:
                 stderr=subprocess.STDOUT,
                 text=True,
                 errors="replace",
-                env={**os.environ, **node_environment(home)},
+                env={**os.environ, **node_environment(home), "OMP_NUM_THREADS": self.threads},
                 start_new_session=True,
             )
             self.processes.append(process)

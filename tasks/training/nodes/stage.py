@@ -60,7 +60,7 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
     """The configured launcher's job for these agents."""
     launcher = config.orchestration.launcher
     if launcher == "local":
-        return LocalNodes(commands, launch_dir)
+        return LocalNodes(commands, launch_dir, processes_per_node=config.training_processes())
     if launcher == "manual":
         return ManualNodes(commands, launch_dir)
     generic = agent_command(uri, commands[0][commands[0].index("--stage-run") + 1])  # node rank from the job

@@ -35,3 +35,45 @@ def test_the_trainer_and_the_mirror_keep_the_same_number(keep: int, tmp_path: Pa
 
 def test_the_default_keeps_two() -> None:
     assert PipelineConfig().orchestration.keep_checkpoints == 2
+
+
+def test_a_checkpoint_of_several_nodes_is_complete_once_every_node_put_its_part(tmp_path: Path) -> None:
+    from tasks.training.remote_checkpoints import FolderStore, restore_newest
+
+    root = tmp_path / "store"
+    parts = {}
+    for node in (0, 1):
+        part = tmp_path / f"node-{node}" / "checkpoint-4"
+        part.mkdir(parents=True)
+        (part / f"rng_state_{node}.pth").write_text(str(node))
+        if node == 0:
+            (part / "adapter_model.safetensors").write_text("weights")
+        parts[node] = part
+    FolderStore(root, nodes=2, node=0).put(parts[0])
+    assert FolderStore(root, nodes=2, node=1).complete() == []  # node 1's random state is not there yet
+    FolderStore(root, nodes=2, node=1).put(parts[1])
+    assert FolderStore(root, nodes=2, node=1).complete() == ["checkpoint-4"]
+    restored = tmp_path / "resumed" / "checkpoints"
+    assert restore_newest(FolderStore(root, nodes=2, node=1), restored) == "checkpoint-4"
+    assert sorted(p.name for p in (restored / "checkpoint-4").iterdir()) == [
+        "adapter_model.safetensors",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+    ]  # every node restores every process's random state
+    FolderStore(root, nodes=2).delete("checkpoint-4")
+    assert FolderStore(root, nodes=2).complete() == [] and not (root / "checkpoint-4").exists()
+
+
+def test_a_node_whose_base_model_differs_stops_naming_itself(tmp_path: Path) -> None:
+    from tasks.training.nodes.agent import NodeInputError, base_model_for
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    request = {"model": {"source": str(folder), "revision": None, "digest": "0" * 16, "shipped": False}}
+    with pytest.raises(NodeInputError, match=r"node 1: the base model .* resolves here to other bytes"):
+        base_model_for(request, None, tmp_path / "inputs", node=1)
+    from tasks.training.nodes import model_digest
+
+    request["model"]["digest"] = model_digest(folder)
+    assert base_model_for(request, None, tmp_path / "inputs", node=1) == folder
