@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -27,11 +28,9 @@ def rank_main(request_path: Path) -> None:
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
     # Every rank says where it runs, in its node's log (a rank other than 0 logs only warnings).
-    print(
-        f"[rank {rank}] node {node}: RANK={rank} LOCAL_RANK={local_rank} "
-        f"WORLD_SIZE={os.environ.get('WORLD_SIZE', '1')}",
-        flush=True,
-    )
+    where = f"node {node}: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={os.environ.get('WORLD_SIZE', '1')}"
+    sys.stdout.write(f"[rank {rank}] {where}\n")  # one write: the ranks share the launcher's output
+    sys.stdout.flush()
     launch_dir = request_path.parent
     request = LaunchRequest(**json.loads(request_path.read_text()))
     try:
@@ -74,8 +73,10 @@ def rank_main(request_path: Path) -> None:
         (launch_dir / f"rank-{rank}.error.json").write_text(json.dumps(report))
         leave_process_group(finished=False)
         raise
+    allreduce_ms = adapter_allreduce_ms(result.adapter_dir if rank == 0 else None)
     if rank == 0:
         payload = {
+            "allreduce_ms": allreduce_ms,
             "adapter_dir": str(result.adapter_dir),
             "steps": result.steps,
             "seconds": result.seconds,
@@ -85,6 +86,36 @@ def rank_main(request_path: Path) -> None:
         }
         (launch_dir / "result.json").write_text(json.dumps(payload))
     leave_process_group(finished=True)
+
+
+def adapter_allreduce_ms(adapter_dir: Path | None, repeats: int = 10) -> float | None:
+    """What one all-reduce of the adapter's gradients costs on this group, in ms (the adapter's trainable
+    values, fp32, as DDP reduces them each step), measured once the training is done; rank 0 passes its adapter,
+    the others None. None on one process."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    count = torch.zeros(1, dtype=torch.long)
+    if adapter_dir is not None:
+        from safetensors import safe_open
+
+        with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as weights:
+            names = weights.keys()  # a safetensors file, not a dict
+            count[0] = sum(math.prod(weights.get_slice(name).get_shape()) for name in names)
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if dist.get_backend() == "nccl" else "cpu"
+    count = count.to(device)
+    dist.broadcast(count, 0)
+    gradients = torch.ones(int(count.item()), device=device)
+    dist.all_reduce(gradients)  # the first pays for setting up the buffers
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(gradients)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return round((time.perf_counter() - started) / repeats * 1000, 3)
 
 
 def leave_process_group(finished: bool) -> None:

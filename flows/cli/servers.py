@@ -93,10 +93,15 @@ def vllm_serve(
         int | None, typer.Option(help="Port. Default: the port of grpo.generation.vllm_server_base_url, or 8000.")
     ] = None,
     print_only: Annotated[bool, typer.Option("--print", help="Print the command instead of running it.")] = False,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the API key (default: VLLM_API_KEY_FILE, else VLLM_API_KEY)."),
+    ] = None,
 ) -> None:
     """Serve the config's base model with vLLM for grpo.generation.vllm_mode: server. Adapters are loaded at run
     time (LoRA on, the config's dtype and context length); the folders GRPO writes must be readable here (same
-    host, or a shared path). Ctrl-C stops it."""
+    host, or a shared path). On an address other hosts reach it requires an API key (from a file or the
+    environment, never the command line): runtime adapter loading reads any path the server sees. Ctrl-C stops it."""
     import shlex
     import subprocess
     from urllib.parse import urlparse
@@ -105,14 +110,24 @@ def vllm_serve(
     from tasks.models import resolve_model_source, vllm_installed
     from tasks.models.sampling import pipeline_server_command
     from tasks.models.vllm_engine import INSTALL_HINT
+    from tasks.models.vllm_server import api_key_from_environment, is_loopback
 
     cfg = config_from(config, set_, config_option)
+    environ = {**os.environ, **({"VLLM_API_KEY_FILE": str(api_key_file)} if api_key_file else {})}
+    api_key = api_key_from_environment(environ)
+    if api_key is None and not is_loopback(host):
+        raise UserError(
+            f"vllm-serve on {host} serves other hosts, and loading adapters at run time lets a caller make it read "
+            "any path it sees: give it an API key with VLLM_API_KEY, VLLM_API_KEY_FILE or --api-key-file"
+        )
     url = cfg.grpo.generation.vllm_server_base_url
     port = port or (urlparse(url).port if url else None) or 8000
     command, env = pipeline_server_command(cfg, resolve_model_source(cfg.model.source), host, port)
     if print_only:
         console.print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(command), soft_wrap=True)
         return
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # vLLM's server reads it; its /v1 routes (adapter loading too) then need it
     if not vllm_installed():
         raise UserError(f"vLLM is not installed in this Python ({INSTALL_HINT})")
     from tasks.layout import command_dir
@@ -126,7 +141,7 @@ def vllm_serve(
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     try:
         try:  # "up" only once it answers: the engine takes tens of seconds to load after the process starts
-            VllmServerClient(url).wait_until_up(600, alive=lambda: process.poll() is None)
+            VllmServerClient(url, api_key=api_key).wait_until_up(600, alive=lambda: process.poll() is None)
         except VllmServerUnavailable as exc:
             what = "did not answer within 600 s" if process.poll() is None else f"exited ({process.poll()})"
             raise VllmServerUnavailable(f"vLLM {what} before it answered on {url}: its log is {log_path}") from exc

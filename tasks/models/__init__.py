@@ -40,6 +40,7 @@ _EXPORTS = {
     "vllm_installed": "vllm_engine",
     "ServerSampler": "vllm_server",
     "VllmServerClient": "vllm_server",
+    "VllmServerAuthError": "vllm_server",
     "VllmServerUnavailable": "vllm_server",
     "server_command": "vllm_server",
     "PolicySampler": "sampling",

@@ -11,13 +11,14 @@ Must not import: Prefect, MLflow, the stages. Uses ``requests`` only (no vLLM in
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import InfrastructureError
+from tasks.errors import InfrastructureError, UserError
 from tasks.models.vllm_engine import EngineSampler
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,42 @@ SERVED_BASE_NAME = "base"
 
 class VllmServerUnavailable(InfrastructureError):
     """The vLLM server named by ``grpo.generation.vllm_server_base_url`` is not there or stopped answering."""
+
+
+class VllmServerAuthError(UserError, RuntimeError):
+    """The vLLM server wants an API key grpoflow does not have, or refuses the one it sent."""
+
+
+def api_key_from_environment(environ: dict[str, str] | None = None) -> str | None:
+    """The vLLM server's API key: the file ``VLLM_API_KEY_FILE`` names (a mounted secret), else ``VLLM_API_KEY``
+    (the variable vLLM's server itself reads); never a command-line argument, which other users of a host can read.
+
+    >>> api_key_from_environment({"VLLM_API_KEY": "s3cret"}), api_key_from_environment({})
+    ('s3cret', None)
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("VLLM_API_KEY_FILE"):
+        try:
+            return Path(environ["VLLM_API_KEY_FILE"]).read_text().strip() or None
+        except OSError as exc:
+            raise VllmServerAuthError(f"VLLM_API_KEY_FILE {environ['VLLM_API_KEY_FILE']}: {exc.strerror}") from exc
+    return environ.get("VLLM_API_KEY") or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this host reaches ``host``.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0"), is_loopback("10.0.0.5")
+    (True, True, False, False)
+    """
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def server_command(
@@ -86,24 +123,36 @@ class VllmServerClient:
     ``generate`` has the call and the answer of TRL's ``VLLMClient.generate``, so TRL's server-mode generation
     runs on it unchanged; ``model`` is the adapter the last ``load_adapter`` named (the base model before)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, base_url: str, timeout_s: float = 300.0, connect_timeout_s: float = 5.0, api_key: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.model = SERVED_BASE_NAME
         self._loaded: list[str] = []
+        self._api_key = api_key if api_key is not None else api_key_from_environment()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         import requests
 
         url = f"{self.base_url}{path}"
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            response = requests.request(method, url, timeout=(self.connect_timeout_s, self.timeout_s), **kwargs)
+            response = requests.request(
+                method, url, timeout=(self.connect_timeout_s, self.timeout_s), headers=headers, **kwargs
+            )
         except requests.RequestException as exc:
             raise VllmServerUnavailable(
                 f"vLLM server {self.base_url} is not answering ({type(exc).__name__} on {path}); start it "
                 f"(`grpoflow vllm-serve --config ...`) and run again"
             ) from exc
+        if response.status_code == 401:
+            said = "refused the API key grpoflow sent" if self._api_key else "wants an API key"
+            raise VllmServerAuthError(
+                f"vLLM server {self.base_url} {said} (HTTP 401 on {path}): set VLLM_API_KEY, or VLLM_API_KEY_FILE "
+                "to a file holding it, to the key the server was started with"
+            )
         if response.status_code >= 400:
             raise VllmServerUnavailable(
                 f"vLLM server {self.base_url} refused {path}: HTTP {response.status_code} {response.text[:300]}"
@@ -111,8 +160,10 @@ class VllmServerClient:
         return response
 
     def check(self) -> None:
-        """One clear error when the server is not there, before anything trains."""
+        """One clear error when the server is not there, or does not take this client's key (``/health`` is
+        open; ``/v1/models`` is behind the key, as adapter loading is), before anything trains."""
         self._request("GET", "/health")
+        self._request("GET", "/v1/models")
 
     def wait_until_up(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> None:
         """Poll ``/health`` until the server answers (``alive`` false: its process died, stop waiting)."""
@@ -128,7 +179,13 @@ class VllmServerClient:
     def load_adapter(self, name: str, path: Path) -> None:
         """Load the adapter folder under ``name``, make it the one ``generate`` samples with, and unload the one
         before it (the server keeps at most ``--max-loras`` on its device)."""
-        self._request("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        try:
+            self._request("POST", "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        except VllmServerUnavailable as exc:
+            raise VllmServerUnavailable(
+                f"vLLM server {self.base_url} could not load the adapter folder {path}: the server must be able to "
+                f"read it (the same host, or grpo.generation.vllm_adapter_dir on a volume it mounts); {exc}"
+            ) from exc
         for old in self._loaded:
             self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": old})
         self._loaded = [name]

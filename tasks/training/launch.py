@@ -159,6 +159,8 @@ def train_on_processes(
             launch_dir / "ranks.log",
         )
     result = json.loads((launch_dir / "result.json").read_text())
+    if result.get("allreduce_ms") is not None:
+        stage_run.log_metrics({"allreduce_ms": result["allreduce_ms"]})
     logger.info(
         "%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"], time.perf_counter() - started
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.services import CPU_POOL, PROJECT_ROOT, Services, _bin, deploy, free_port, start_services
+from flows.services import CPU_POOL, GPU_POOL, PROJECT_ROOT, Services, _bin, deploy, free_port, start_services
 
 
 def _request(request: urllib.request.Request | str) -> dict | list:
@@ -79,21 +80,48 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_LOGGING_LEVEL": "INFO",
     }
-    worker = None
+    workers = []
     try:
         names = deploy(env=env)
         worker_log = (tmp_path / "worker.log").open("wb")
-        worker = subprocess.Popen(
-            [_bin("prefect"), "worker", "start", "--pool", CPU_POOL, "--type", "process"],
-            env=env,
-            cwd=PROJECT_ROOT,
-            stdout=worker_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        workers.append(
+            subprocess.Popen(
+                [_bin("prefect"), "worker", "start", "--pool", CPU_POOL, "--type", "process"],
+                env=env,
+                cwd=PROJECT_ROOT,
+                stdout=worker_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         )
+        # A second worker, on the GPU pool, on "another machine": its own writable folders (a private /tmp holds
+        # its home, Prefect home and grpoflow cache), the code and venv read-only, nothing shared with the first
+        # but the Prefect and MLflow servers (which proxies the artifacts).
+        if shutil.which("bwrap"):
+            private = ["bwrap", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
+            private += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent", "--chdir", str(PROJECT_ROOT)]
+            elsewhere = {
+                **env,
+                "HOME": "/tmp/home",
+                "PREFECT_HOME": "/tmp/prefect",
+                "GRPOFLOW_CACHE": "/tmp/cache",
+                "TMPDIR": "/tmp",
+                "PREFECT_RESULTS_LOCAL_STORAGE_PATH": "/tmp/prefect/storage",
+            }
+            second_log = (tmp_path / "second-worker.log").open("wb")
+            command = [_bin("prefect"), "worker", "start", "--pool", GPU_POOL, "--type", "process"]
+            workers.append(
+                subprocess.Popen(
+                    [*private, *command, "--name", "second-worker"],
+                    env=elsewhere,
+                    stdout=second_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         yield services, env, names, tmp_path
     finally:
-        if worker is not None:
+        for worker in workers:
             os.killpg(worker.pid, 2)
             try:
                 worker.wait(timeout=20)
@@ -117,8 +145,9 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
     overrides = {
         "output_dir": str(tmp_path / "outputs"),
         "tracking.tracking_uri": services.mlflow_url,
-        # GRPO as its own deployment: the stage's inputs and adapter must travel through MLflow's artifact store.
-        "orchestration.grpo_deployment": "grpoflow-grpo/grpo",
+        # GRPO as its own deployment, on the second worker (its own files): the stage's inputs and adapter must
+        # travel through MLflow's artifact store.
+        "orchestration.grpo_deployment": "grpoflow-grpo/grpo-gpu" if shutil.which("bwrap") else "grpoflow-grpo/grpo",
     }
     parameters = {"config_path": "configs/tiny.yaml", "overrides": overrides}
     first = _trigger(services, env, "grpoflow-scheduled/nightly", parameters)
@@ -135,10 +164,16 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
     aliases = {a["alias"]: a["version"] for a in model["registered_model"]["aliases"]}
     assert "1" in aliases.values() and "grpoflow.promotion_decision" in tags  # champion, or challenger with reason
 
-    # GRPO ran as its own flow run (the stand-in for a GPU worker), a child of the scheduled run.
+    # GRPO ran as its own flow run, a child of the scheduled run, taken by the second worker from the GPU pool.
     runs = {r["name"]: r for r in _flow_runs(services)}
     grpo_runs = [r for name, r in runs.items() if name.endswith("-grpo")]
     assert len(grpo_runs) == 1 and grpo_runs[0]["state_type"] == "COMPLETED"
+    if shutil.which("bwrap"):
+        assert grpo_runs[0]["work_pool_name"] == GPU_POOL
+        assert runs[finished["name"]]["work_pool_name"] == CPU_POOL
+        second = (tmp_path / "second-worker.log").read_text()
+        assert grpo_runs[0]["id"] in second and "second-worker" in second  # it submitted the GRPO run
+        assert grpo_runs[0]["id"] not in (tmp_path / "worker.log").read_text()  # and the first did not
     # The Prefect UI links each stage to its MLflow run.
     artifacts = _post(f"{services.prefect_api_url}/artifacts/filter", {"limit": 200})
     links = {a["key"]: a["data"] for a in artifacts if (a["key"] or "").startswith("mlflow-")}

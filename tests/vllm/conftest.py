@@ -43,6 +43,9 @@ def vllm_model_dir() -> Path:
     return resolve_model_source(TINY_RANDOM_VLLM)
 
 
+API_KEY = "grpoflow-test-key"
+
+
 class ServerProcess:
     """``grpoflow vllm-serve`` for the tiny config, on a free port; ``stop`` and ``start`` again at will."""
 
@@ -62,6 +65,12 @@ class ServerProcess:
         command = [str(Path(os.sys.executable).parent / "grpoflow"), "vllm-serve", config, "--port", str(self.port)]
         for item in sets:
             command += ["--set", item]
+        # The server guards its /v1 routes with a key from a file; every client here (the tests, the pipeline's
+        # trainer and samplers in their subprocesses) sends it from the environment.
+        key_file = self.log.with_name("api-key")
+        key_file.write_text(API_KEY)
+        command += ["--api-key-file", str(key_file)]
+        os.environ["VLLM_API_KEY"] = API_KEY
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         VllmServerClient(self.url).wait_until_up(180, alive=lambda: self.process.poll() is None)

@@ -130,3 +130,12 @@ def test_probe_and_evaluation_sample_through_the_server(
     assert sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts) >= 0.75
     sampled = sampler.sample(prompts, n=3, max_new_tokens=12)
     assert [len(group) for group in sampled] == [3] * len(prompts)
+
+
+def test_the_server_refuses_a_client_without_its_key(vllm_server: Any) -> None:
+    from tasks.models import VllmServerAuthError, VllmServerClient
+
+    vllm_server.ensure_up()
+    with pytest.raises(VllmServerAuthError, match="refused the API key grpoflow sent"):
+        VllmServerClient(vllm_server.url, api_key="not-the-key").check()
+    VllmServerClient(vllm_server.url).check()  # the key from VLLM_API_KEY

@@ -268,7 +268,8 @@ def train_on_nodes(
     launch_dir = Path(stage_run.dir) / "launch"
     job = job_for(config, commands, launch_dir, Path(stage_run.dir).parent.name, uri)
     started = time.perf_counter()
-    logger.info("%s on %s, %d processes each", stage, job.description, config.training_processes())
+    processes = config.training_processes()
+    logger.info("%s on %s, %d process%s each", stage, job.description, processes, "es" if processes > 1 else "")
     job.start()
     try:
         exits = wait_for_nodes(job, artifacts, nodes, config.orchestration.node_wait_timeout_s)
@@ -287,6 +288,8 @@ def train_on_nodes(
         # throw the whole adapter away. Said, not hidden.
         logger.warning("%s: node %s exited with an error after the stage finished; the result is whole", stage, failed)
     result = artifacts.fetch_json(f"{RESULT}/result.json")
+    if result.get("allreduce_ms") is not None:
+        stage_run.log_metrics({"allreduce_ms": result["allreduce_ms"]})
     stage_dir = Path(stage_run.dir)
     for name in (ADAPTER, LEDGER_DIR):
         if f"{RESULT}/{name}" in artifacts.names(RESULT):
