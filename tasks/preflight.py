@@ -86,13 +86,16 @@ def generation_problem(config: PipelineConfig) -> str | None:
     """What keeps the configured vLLM backend from running here: vLLM asked for in-process but not installed.
     A configured server that does not answer raises ``VllmServerUnavailable`` (an infrastructure error)."""
     from tasks.models.vllm_engine import INSTALL_HINT, vllm_installed
-    from tasks.models.vllm_server import VllmServerClient
+    from tasks.models.vllm_server import VllmServerClient, handover_root
 
     generation = config.grpo.generation
     if generation.backend == "transformers" or not (config.grpo.enabled or config.probe.enabled):
         return None
     if generation.vllm_mode == "server" and generation.vllm_server_base_url:
-        VllmServerClient(generation.vllm_server_base_url, timeout_s=10).check()
+        client = VllmServerClient(generation.vllm_server_base_url, timeout_s=30)
+        client.check()
+        if config.grpo.enabled:  # GRPO hands the server an adapter each step, through a folder both must see
+            client.check_reads(handover_root(generation.vllm_adapter_dir))
     elif generation.backend == "vllm" and not vllm_installed():
         return f"grpo.generation.backend: 'vllm' but vLLM is not installed here ({INSTALL_HINT})"
     return None

@@ -117,6 +117,19 @@ def server_command(
     return command
 
 
+def handover_root(configured: Path | None) -> Path:
+    """Where GRPO writes the adapters it hands to vLLM (``grpo.generation.vllm_adapter_dir``): the configured
+    folder, else ``/dev/shm`` (memory) where there is one, else the temp folder.
+
+    >>> handover_root(Path("/adapters"))
+    PosixPath('/adapters')
+    """
+    import tempfile
+
+    shm = Path("/dev/shm")
+    return configured or (shm if shm.is_dir() else Path(tempfile.gettempdir()))
+
+
 class VllmServerClient:
     """Talks to one vLLM OpenAI server: health, adapters in and out, completions from token ids.
 
@@ -175,6 +188,32 @@ class VllmServerClient:
                 if time.monotonic() > deadline or not alive():
                     raise
                 time.sleep(0.5)
+
+    def check_reads(self, folder: Path) -> None:
+        """One clear error when the server cannot read ``folder`` (where GRPO hands adapters over), before anything
+        trains: a probe adapter (a config, no tensors) that a server which sees the folder refuses for its missing
+        tensors (one worker error in the server's log) and one that does not see it cannot find (HTTP 404)."""
+        import json
+        import shutil
+        import uuid
+
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".grpoflow-preflight-{uuid.uuid4().hex[:12]}"
+        probe.mkdir()
+        config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"], "bias": "none"}
+        (probe / "adapter_config.json").write_text(json.dumps(config))
+        try:
+            self._request("POST", "/v1/load_lora_adapter", json={"lora_name": probe.name, "lora_path": str(probe)})
+            self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": probe.name})
+        except VllmServerUnavailable as exc:
+            if "HTTP 404" in str(exc):
+                raise VllmServerUnavailable(
+                    f"vLLM server {self.base_url} cannot read {folder}, where GRPO hands it each step's adapter: "
+                    "grpo.generation.vllm_adapter_dir must be a folder the server reads at the same path (the same "
+                    "host, or a volume both mount)"
+                ) from exc
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
 
     def load_adapter(self, name: str, path: Path) -> None:
         """Load the adapter folder under ``name``, make it the one ``generate`` samples with, and unload the one

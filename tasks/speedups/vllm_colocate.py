@@ -87,10 +87,10 @@ class GenerationRecord:
 def _sync_root(setup: VllmSetup) -> Path:
     """A new folder for this run's synced adapters: under ``sync_root`` (a path the server reads, on GPU hosts),
     else ``/dev/shm`` (memory, where there is one), else the temp folder."""
-    shm = Path("/dev/shm")
-    base = setup.sync_root or (shm if shm.is_dir() else None)
-    if base is not None:
-        base.mkdir(parents=True, exist_ok=True)
+    from tasks.models.vllm_server import handover_root
+
+    base = handover_root(setup.sync_root)
+    base.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="grpoflow-lora-", dir=base))
 
 

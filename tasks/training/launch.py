@@ -220,13 +220,25 @@ def rank_error(launch_dir: Path, stage: str, returncode: int) -> Exception:
         )
     first = reports[0]
     message = f"{stage} rank {first['rank']}: {first['message']}"
+    return reported_error(first, message, f"every rank was stopped; log: {launch_dir}/ranks.log")
+
+
+def reported_error(report: dict[str, Any], message: str, after: str) -> Exception:
+    """The error a rank reported, as the stage raises it: grpoflow's own error types keep their type (a gate stop
+    on a rank is still a gate stop, exit 3), anything else is a ``TrainingProcessError`` naming the type.
+
+    >>> type(reported_error({"module": "tasks.errors", "type": "GateStop"}, "grpo rank 1: no signal", "")).__name__
+    'GateStop'
+    >>> str(reported_error({"module": "builtins", "type": "ValueError"}, "grpo rank 1: bad", "log: x"))
+    'grpo rank 1: bad (ValueError); log: x'
+    """
     try:
-        error_type = getattr(importlib.import_module(first["module"]), first["type"])
+        error_type = getattr(importlib.import_module(report["module"]), report["type"])
     except (ImportError, AttributeError):
         error_type = None
-    if isinstance(error_type, type) and first["module"].split(".")[0] in ("tasks", "reward_fns"):
+    if isinstance(error_type, type) and report["module"].split(".")[0] in ("tasks", "reward_fns"):
         try:
             return error_type(message)
         except TypeError:
             pass
-    return TrainingProcessError(f"{message} ({first['type']}); every rank was stopped; log: {launch_dir}/ranks.log")
+    return TrainingProcessError(f"{message} ({report['type']}); {after}")

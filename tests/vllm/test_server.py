@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,22 @@ def test_the_server_refuses_a_client_without_its_key(vllm_server: Any) -> None:
     with pytest.raises(VllmServerAuthError, match="refused the API key grpoflow sent"):
         VllmServerClient(vllm_server.url, api_key="not-the-key").check()
     VllmServerClient(vllm_server.url).check()  # the key from VLLM_API_KEY
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap gives the client a folder the server cannot see")
+def test_preflight_fails_clearly_when_the_server_cannot_read_the_handover_folder(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    """A trainer on "another machine" (a private /tmp the server does not see) and a folder the server does."""
+    from tasks.models import VllmServerClient
+
+    vllm_server.ensure_up()
+    VllmServerClient(vllm_server.url).check_reads(tmp_path / "handover")  # same host: it reads it
+    script = (
+        "from pathlib import Path\nfrom tasks.models import VllmServerClient\n"
+        f"VllmServerClient({vllm_server.url!r}).check_reads(Path('/tmp/handover'))\n"
+    )
+    private = ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--tmpfs", "/tmp"]
+    done = subprocess.run([*private, sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "cannot read /tmp/handover, where GRPO hands it each step's adapter" in done.stderr, done.stderr[-2000:]

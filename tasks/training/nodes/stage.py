@@ -8,7 +8,6 @@ Must not import: Prefect (the stage task wraps this; a Prefect cancel reaches ``
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import shutil
@@ -21,7 +20,7 @@ from tasks.config import PipelineConfig
 from tasks.errors import UserError
 from tasks.layout import ADAPTER
 from tasks.tracking import RUN_ID_TAG
-from tasks.training.launch import TrainingProcessError
+from tasks.training.launch import TrainingProcessError, reported_error
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import INPUTS, REQUEST, RESULT, StageArtifacts, model_digest, node_folder
 from tasks.training.nodes.launchers import LocalNodes, ManualNodes, NodeJob, agent_command
@@ -225,17 +224,7 @@ def nodes_error(stage: str, job: NodeJob, artifacts: StageArtifacts, nodes: int,
         return TrainingProcessError(f"{stage}: the nodes exited ({codes}) and no rank reported an error; logs: {logs}")
     first = reports[0]
     where = f"node {first['node']}" + (f" rank {first['rank']}" if first.get("rank") is not None else "")
-    message = f"{stage} {where}: {first['message']}"
-    try:
-        error_type = getattr(importlib.import_module(first["module"]), first["type"])
-    except (ImportError, AttributeError):
-        error_type = None
-    if isinstance(error_type, type) and first["module"].split(".")[0] in ("tasks", "reward_fns"):
-        try:
-            return error_type(message)
-        except TypeError:
-            pass
-    return TrainingProcessError(f"{message} ({first['type']}); every node was stopped; logs: {logs}")
+    return reported_error(first, f"{stage} {where}: {first['message']}", f"every node was stopped; logs: {logs}")
 
 
 def train_on_nodes(
