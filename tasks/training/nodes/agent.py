@@ -105,9 +105,7 @@ def prepare_node(
     stage_dir = node_dir / request["stage"]
     store = {**request["checkpoint_store"], "node": node}
     restore_from = {**(request.get("restore_store") or store), "node": node}
-    restored = restore_newest(store_for(restore_from), stage_dir / CHECKPOINTS)
-    if restored:
-        logger.info("node %d restored %s", node, restored)
+    restore_newest(store_for(restore_from), stage_dir / CHECKPOINTS)  # logs "restored checkpoint-N from …"
     resumable_checkpoint(stage_dir / CHECKPOINTS)
     launch_dir = stage_dir / LAUNCH_DIR
     launch_dir.mkdir(parents=True, exist_ok=True)
