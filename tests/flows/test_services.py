@@ -98,8 +98,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         # its home, Prefect home and grpoflow cache), the code and venv read-only, nothing shared with the first
         # but the Prefect and MLflow servers (which proxies the artifacts).
         if shutil.which("bwrap"):
-            private = ["bwrap", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"]
-            private += ["--tmpfs", "/tmp", "--unshare-pid", "--die-with-parent", "--chdir", str(PROJECT_ROOT)]
+            from tasks.training.nodes.launchers import SANDBOX_UID_CLAIMS, bubblewrap_prefix
+
+            Path(SANDBOX_UID_CLAIMS).mkdir(mode=0o700, parents=True, exist_ok=True)
+            private = bubblewrap_prefix(chdir=str(PROJECT_ROOT))  # as a node of its own: see that launcher
             elsewhere = {
                 **env,
                 "HOME": "/tmp/home",

@@ -50,20 +50,44 @@ def agent_command(tracking_uri: str, stage_run_id: str, node: int | None = None)
     return command + (["--node-rank", str(node)] if node is not None else [])
 
 
-def bubblewrap_prefix(bwrap: str = "bwrap") -> list[str]:
+def kept_paths(private: tuple[str, ...] = ("/tmp", "/dev/shm")) -> list[str]:
+    """What a node must still see under the folders it gets its own copy of: the code, the virtual environment and
+    the interpreter, and every import path (a clone under ``/tmp`` is common: CI's is). Outermost first, nested
+    ones left out (they come with their parent).
+
+    >>> import sys; all(not path.startswith(("/tmp/", "/dev/shm/")) or Path(path).exists() for path in kept_paths())
+    True
+    """
+    candidates = {Path(__file__).resolve().parents[3], Path(sys.prefix), Path(sys.base_prefix)}
+    candidates |= {Path(sys.executable).resolve().parent, *(Path(entry) for entry in sys.path if entry)}
+    under = [
+        path.resolve()
+        for path in candidates
+        if path.exists() and any(str(path.resolve()).startswith(f"{root}/") for root in private)
+    ]
+    kept: list[str] = []
+    for path in sorted({str(p) for p in under}, key=len):
+        if not any(path == k or path.startswith(f"{k}/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def bubblewrap_prefix(bwrap: str = "bwrap", chdir: str = "/tmp") -> list[str]:
     """A node of its own on this host: the host read-only, a private ``/tmp`` and ``/dev/shm`` (node 1 cannot see
-    node 0's files), its own PID namespace (the node ends whole: killing its first process ends everything under
-    it), and the host's network, so the nodes meet on loopback.
+    node 0's files; the code and venv, wherever they are, stay visible read-only), its own PID namespace (the node
+    ends whole: killing its first process ends everything under it), and the host's network, so the nodes meet on
+    loopback.
 
     >>> "--unshare-pid" in bubblewrap_prefix() and "--tmpfs" in bubblewrap_prefix()
     True
     """
+    again = [arg for path in kept_paths() for arg in ("--ro-bind", path, path)]
     return [
         bwrap,
         *("--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc"),
-        *("--tmpfs", "/tmp", "--tmpfs", "/dev/shm"),
+        *("--tmpfs", "/tmp", "--tmpfs", "/dev/shm", *again),
         *("--bind", SANDBOX_UID_CLAIMS, SANDBOX_UID_CLAIMS),
-        *("--unshare-pid", "--die-with-parent", "--chdir", "/tmp"),
+        *("--unshare-pid", "--die-with-parent", "--chdir", chdir),
     ]
 
 
