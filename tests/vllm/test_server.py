@@ -155,7 +155,10 @@ def test_preflight_fails_clearly_when_the_server_cannot_read_the_handover_folder
         "from pathlib import Path\nfrom tasks.models import VllmServerClient\n"
         f"VllmServerClient({vllm_server.url!r}).check_reads(Path('/tmp/handover'))\n"
     )
+    from tasks.training.nodes.launchers import kept_paths
+
     private = ["bwrap", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--tmpfs", "/tmp"]
+    private += [arg for path in kept_paths() for arg in ("--ro-bind", path, path)]  # a clone under /tmp stays seen
     done = subprocess.run([*private, sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "cannot read /tmp/handover, where GRPO hands it each step's adapter" in done.stderr, done.stderr[-2000:]
