@@ -44,6 +44,9 @@ RUNTIME_DEFAULTS = {
     # ... nor datasets' map bars ("Building labels", "Truncating train dataset", each SFT/GRPO start drew three).
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+    # vLLM's own console handler off: its records follow the console's rules and go to a log file
+    # (tasks/models/vllm_logs.py, set up at the end of this module). A vLLM server process gets it back on.
+    "VLLM_CONFIGURE_LOGGING": "0",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
     os.environ.setdefault(_name, _value)
@@ -118,3 +121,6 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
     sys.meta_path.insert(0, _MovedModules())
+
+# vLLM logs while it is imported (TRL imports it with its GRPO trainer): its records are routed before that.
+importlib.import_module("tasks.models.vllm_logs").route_vllm_logging()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tasks.config import PipelineConfig
 from tasks.grpo import run_grpo
+from tasks.models.vllm_logs import route_vllm_logging
 from tasks.sft import run_sft
 from tasks.tracking import StageRun
 from tasks.training import CheckpointMirror, LaunchRequest, MlflowTrainerCallback, store_for
@@ -27,6 +28,7 @@ def rank_main(request_path: Path) -> None:
     rank, node = int(os.environ.get("RANK", "0")), int(os.environ.get("GRPOFLOW_NODE_RANK", "0"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
+    route_vllm_logging(console_prefix=f"[rank {rank}] ")  # rank 0's vLLM lines reach the console under --verbose
     # Every rank says where it runs, in its node's log (a rank other than 0 logs only warnings).
     where = f"node {node}: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={os.environ.get('WORLD_SIZE', '1')}"
     sys.stdout.write(f"[rank {rank}] {where}\n")  # one write: the ranks share the launcher's output

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -80,14 +85,46 @@ def run(
     console.print(f"[bold]grpoflow run[/bold] {run_name} → {RunLayout.of(cfg.output_dir, run_name).run_dir}")
     if early_server is not None:
         early_server.join()  # up by now; the flow's first API call finds it
+    hint = resume_hint(run_name, config or config_option)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+        with temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), hint_when_killed(hint):
             summary = pipeline(cfg, run_name)
     except NoLearningSignal as exc:
         console.print(f"[yellow]stopped before GRPO:[/yellow] {exc}")
         raise typer.Exit(3) from exc
+    except KeyboardInterrupt:
+        sys.stderr.write(f"interrupted: {hint}\n")
+        raise typer.Exit(130) from None
     print_summary(summary)
     print_links(summary)
+
+
+def resume_hint(run_name: str, config: Path | None) -> str:
+    """What to run to continue a run that was stopped.
+
+    >>> resume_hint("demo-1", Path("configs/demo.yaml")).split(" continues")[0]
+    '`grpoflow run configs/demo.yaml --resume demo-1`'
+    """
+    command = shlex.join(["grpoflow", "run", *([str(config)] if config else []), "--resume", run_name])
+    return f"`{command}` continues it (finished stages from the cache, trainers from their last checkpoint)"
+
+
+@contextmanager
+def hint_when_killed(hint: str) -> Iterator[None]:
+    """On SIGTERM, say how to resume, then end as the signal ends a process (exit 143). Prefect's engine turns a
+    SIGTERM inside a task into a crashed task and sends it again to the handler it found, this one."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        sys.stderr.write(f"\nkilled (SIGTERM): {hint}\n")
+        sys.stderr.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def validate(config: ConfigArg = None, config_option: ConfigOption = None, set_: SetOption = None) -> None:

@@ -134,13 +134,18 @@ def sample_for_evaluation(
     config: Any, spec: Any, sampler: Any, prompts: list[str], stats: Any, progress: Any
 ) -> tuple[list[list[str]], list[list[str]]]:
     """Greedy and sampled completions of ``prompts`` for evaluation (``evaluation`` settings), read from the cache
-    when this model was sampled so before (``evaluation.cache``; a vLLM server's model is not ours to key, so
-    it is always sampled). ``stats`` gets the generation's own figures either way."""
+    when this model was sampled so before (``evaluation.cache``; a vLLM server's samples are keyed only when it
+    serves this very base folder: ``ServerSampler.cache_identity``). ``stats`` gets the generation's own figures
+    either way."""
     settings = config.evaluation
     common = {"max_new_tokens": settings.max_new_tokens, "stats": stats, "progress": progress}
     key = None
-    server = sampler.backend != "transformers" and config.grpo.generation.vllm_mode == "server"
-    if settings.cache and not server:
+    server: dict[str, Any] | None = None
+    if settings.cache and hasattr(sampler, "cache_identity"):  # a server: keyed only when its model is ours
+        server, reason = sampler.cache_identity(spec.base_model_dir)
+        if server is None:
+            logger.info("evaluate %s: not cached: %s", spec.name, reason)
+    if settings.cache and (server is not None or not hasattr(sampler, "cache_identity")):
         from tasks.speedups import speedups_on
 
         key = completions_key(
@@ -155,6 +160,7 @@ def sample_for_evaluation(
                 "precision": config.model.precision,
                 "backend": sampler.backend,
                 "stock": not speedups_on(config.grpo.speedups),
+                **({"server": server} if server is not None else {}),
             },
         )
         entry = load_completions(key)

@@ -77,7 +77,8 @@ def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: Poli
     )
     prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     stats = GenerationStats()
-    counted = JobShare(report, len(rows))
+    # Greedy and sampled are two passes over the prompts unless the engine decodes them together.
+    counted = JobShare(report, len(rows), passes=1 if hasattr(sampler, "sample_with_greedy") else 2)
     greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, counted.progress)
     counted.finish()
     return Completions(greedy, sampled, stats, sampler.backend)
@@ -113,11 +114,20 @@ def forgetting_job(config: Any, spec: Any, shelf: PolicyShelf, report: Report) -
 
 class JobShare:
     """A job's share of the bar: what it reports, topped up to ``units`` when it ends (a cached result reports
-    nothing). ``progress(done, of)`` takes a sampler's passes over the prompts (a new pass starts below the
-    last ``done``)."""
+    nothing). ``progress(done, of)`` takes a sampler's passes over the prompts, ``passes`` of them sharing the
+    units (a new pass starts once the last one reached ``of``, or below its last ``done``).
 
-    def __init__(self, report: Report, units: int) -> None:
-        self.report, self.units, self.reported, self.last = report, units, 0, 0
+    >>> seen = []
+    >>> share = JobShare(seen.append, 10, passes=2)
+    >>> for done in (2, 4, 1, 4):  # greedy over 4 prompts, then the samples of the same 4
+    ...     share.progress(done, 4)
+    >>> seen, share.reported
+    ([2, 3, 1, 4], 10)
+    """
+
+    def __init__(self, report: Report, units: int, passes: int = 1) -> None:
+        self.report, self.units, self.passes = report, units, max(passes, 1)
+        self.reported, self.last, self.passes_done = 0, 0, 0
 
     def add(self, units: int) -> None:
         units = min(units, self.units - self.reported)
@@ -126,8 +136,11 @@ class JobShare:
             self.report(units)
 
     def progress(self, done: int, of: int) -> None:
-        self.add(done - self.last if done >= self.last else done)
+        if done < self.last or (self.last >= of > 0 and done > 0 and self.passes_done + 1 < self.passes):
+            self.passes_done += 1
         self.last = done
+        fraction = min((self.passes_done + done / max(of, 1)) / self.passes, 1.0)
+        self.add(int(fraction * self.units) - self.reported)
 
     def finish(self) -> None:
         self.add(self.units - self.reported)

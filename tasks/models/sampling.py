@@ -145,7 +145,18 @@ def pipeline_engine_spec(config: Any, base_model_dir: Path) -> Any:
         kv_cache_gib=generation.vllm_kv_cache_gib,
         seed=config.seed,
         cuda=torch.cuda.is_available(),
+        log_file=vllm_log_file(config),
     )
+
+
+def vllm_log_file(config: Any) -> Path:
+    """Where the in-process vLLM engine's own log lines go (every stage's and rank's, appended).
+
+    >>> from tasks.config import PipelineConfig
+    >>> vllm_log_file(PipelineConfig(output_dir="outputs/demo")).as_posix()
+    'outputs/demo/logs/vllm.log'
+    """
+    return Path(config.output_dir) / "logs" / "vllm.log"
 
 
 def policy_sampler(
@@ -194,4 +205,5 @@ def pipeline_server_command(
         kv_cache_bytes=spec.kv_cache_bytes,
         gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
     )
-    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    # The server's own process logs as vLLM does (to its output, which vllm-serve keeps in a file).
+    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CONFIGURE_LOGGING": "1"}

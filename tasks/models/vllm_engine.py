@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class EngineSpec:
     kv_cache_bytes: int | None  # None: vLLM sizes it from gpu_memory_utilization (GPUs)
     gpu_memory_utilization: float
     seed: int
+    log_file: str | None = field(default=None, compare=False)  # where vLLM's records go (vllm_logs)
 
     def engine_args(self) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments: TRL's colocate ones, with LoRA, the dtype and the KV-cache size added."""
@@ -107,6 +108,7 @@ def engine_spec(
     kv_cache_gib: float | None,
     seed: int,
     cuda: bool,
+    log_file: Path | None = None,
 ) -> EngineSpec:
     """The engine for a pipeline: on a CPU the KV cache holds ``max_num_seqs`` sequences of ``max_model_len``
     tokens (at least 64 MiB, at most ``KV_CACHE_CAP_BYTES``) unless ``kv_cache_gib`` says otherwise; on a GPU
@@ -126,6 +128,7 @@ def engine_spec(
         kv_cache_bytes=kv_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         seed=seed,
+        log_file=None if log_file is None else str(log_file),
     )
 
 
@@ -135,6 +138,9 @@ _ENGINE: dict[str, Any] = {}  # {"spec": EngineSpec, "llm": vllm.LLM}
 def shared_engine(spec: EngineSpec) -> Any:
     """This process's engine for ``spec``: built once (≈ 2 s in-process on a CPU with eager mode) and shared by
     probe, GRPO and evaluation; a different spec closes the old engine first (its KV cache is memory)."""
+    from tasks.models.vllm_logs import route_vllm_logging
+
+    log_file = route_vllm_logging(Path(spec.log_file) if spec.log_file else None)  # this run's file
     if _ENGINE.get("spec") == spec:
         return _ENGINE["llm"]
     close_engine()
@@ -149,17 +155,21 @@ def shared_engine(spec: EngineSpec) -> Any:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())
+    # With RANK and WORLD_SIZE set, accelerate takes its CPU-distributed path and, finding no OMP_NUM_THREADS,
+    # sets torch's threads to the physical core count (and warns): the run's own count is named instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     from vllm import LLM
 
     started = time.perf_counter()
     with keep_thread_control(torch.get_num_threads()):
         llm = LLM(**spec.engine_args())
     logger.info(
-        "vLLM engine started in %.1f s (%s, max LoRA rank %d, KV cache %s)",
+        "vLLM engine started in %.1f s (%s, max LoRA rank %d, KV cache %s)%s",
         time.perf_counter() - started,
         spec.dtype,
         spec.max_lora_rank,
         f"{spec.kv_cache_bytes / 2**30:.2f} GiB" if spec.kv_cache_bytes else "sized by vLLM",
+        f"; its log: {log_file}" if log_file else "",
     )
     _ENGINE.update(spec=spec, llm=llm)
     return llm
@@ -234,10 +244,42 @@ def sampling_params(
     )
 
 
+class PromptsDone:
+    """What ``LLM.generate`` takes for a bar (its ``use_tqdm`` may be a tqdm-like factory): vLLM calls ``update``
+    once per finished prompt (with that prompt's sample count), which this turns into ``report(prompts)``, so the
+    console's bar advances as completions arrive, within one engine call (one call keeps the random stream).
+
+    >>> seen = []
+    >>> bar = PromptsDone(seen.append, total=3)
+    >>> bar.update(4); bar.update(4); bar.postfix = "speed"; bar.close()
+    >>> seen, bar.n, bar.format_dict["elapsed"] > 0
+    ([1, 1], 8, True)
+    """
+
+    def __init__(self, report: Callable[[int], None], total: int = 0, **_: Any) -> None:
+        self.report, self.total, self.n, self.postfix = report, total, 0, ""
+        self._started = time.perf_counter()
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        return {"elapsed": max(time.perf_counter() - self._started, 1e-9)}  # vLLM divides token counts by it
+
+    def update(self, samples: int = 1) -> None:
+        self.n += samples
+        self.report(1)
+
+    def refresh(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class EngineSampler:
     """What the vLLM samplers share: prompts are rendered text, tokenized as the transformers path tokenizes them,
-    and all of them go to the engine in one call (``_complete``: the texts and the new-token count of each
-    prompt's samples); ``stats`` and ``progress`` as ``generate_completions`` keeps them."""
+    and go to the engine (``_complete``: the texts and the new-token count of each prompt's samples, calling
+    ``finished(prompts)`` as prompts finish, so the bar moves during the call); ``stats`` and ``progress`` as
+    ``generate_completions`` keeps them."""
 
     backend = "vllm-colocate"  # engine_name's vocabulary; the server's sampler says vllm-server
 
@@ -262,17 +304,33 @@ class EngineSampler:
             return []
         started = time.perf_counter()
         encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
-        answers = self._complete(encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed)
+        done = 0
+
+        def finished(count: int) -> None:
+            nonlocal done
+            done = min(done + count, len(prompts))
+            if progress is not None:
+                progress(done, len(prompts))
+
+        answers = self._complete(
+            encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed, finished
+        )
         if stats is not None:
             stats.sequences += sum(len(texts) for texts, _ in answers)
             stats.new_tokens += sum(tokens for _, tokens in answers)
             stats.seconds += time.perf_counter() - started
-        if progress is not None:
+        if progress is not None and done < len(prompts):
             progress(len(prompts), len(prompts))
         return [texts for texts, _ in answers]
 
     def _complete(
-        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        encoded: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        finished: Callable[[int], None],
     ) -> list[tuple[list[str], int]]:
         raise NotImplementedError
 
@@ -286,8 +344,16 @@ class VllmSampler(EngineSampler):
         self.llm = llm
 
     def _complete(
-        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        encoded: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        finished: Callable[[int], None],
     ) -> list[tuple[list[str], int]]:
+        import functools
+
         import torch
 
         params = sampling_params(n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=temperature == 0)
@@ -296,6 +362,6 @@ class VllmSampler(EngineSampler):
             [{"prompt_token_ids": ids} for ids in encoded],
             sampling_params=params,
             lora_request=adapter_request(self.adapter_dir),
-            use_tqdm=False,
+            use_tqdm=functools.partial(PromptsDone, finished),
         )
         return [([c.text for c in o.outputs], sum(len(c.token_ids) for c in o.outputs)) for o in outputs]

@@ -172,6 +172,17 @@ class VllmServerClient:
             )
         return response
 
+    def served_model(self) -> dict[str, Any]:
+        """What the server says it serves under ``SERVED_BASE_NAME`` (``/v1/models``: ``root`` is the folder
+        it loaded, ``max_model_len`` its context) and its vLLM ``version`` (``/version``); ``{}`` when it serves
+        no model of that name."""
+        cards = self._request("GET", "/v1/models").json().get("data", [])
+        card = next((c for c in cards if c.get("id") == SERVED_BASE_NAME), None)
+        if card is None:
+            return {}
+        version = self._request("GET", "/version").json().get("version", "")
+        return {"root": card.get("root"), "max_model_len": card.get("max_model_len"), "version": version}
+
     def check(self) -> None:
         """One clear error when the server is not there, or does not take this client's key (``/health`` is
         open; ``/v1/models`` is behind the key, as adapter loading is), before anything trains."""
@@ -295,10 +306,25 @@ class VllmServerClient:
         }
 
 
+# Sequences per request of the server sampler: the prompts go in requests this size, all sent at once (the server
+# batches across them), so the bar advances as each request returns.
+SEQUENCES_PER_REQUEST = 64
+
+
+def request_chunks(prompts: int, n: int, sequences: int = SEQUENCES_PER_REQUEST) -> list[range]:
+    """The prompts of each request: about ``sequences`` completions each, at least one prompt.
+
+    >>> request_chunks(5, 32, 64), request_chunks(3, 100, 64)
+    ([range(0, 2), range(2, 4), range(4, 5)], [range(0, 1), range(1, 2), range(2, 3)])
+    """
+    size = max(1, sequences // max(n, 1))
+    return [range(start, min(start + size, prompts)) for start in range(0, prompts, size)]
+
+
 class ServerSampler(EngineSampler):
-    """Probe's and evaluation's sampler on a vLLM server: the adapter is loaded under a name of its own, then
-    every prompt goes in one request. No per-request seed (vLLM's CPU sampler refuses one): samples depend on the
-    server's state, so evaluation numbers from a shared server are not bit-reproducible."""
+    """Probe's and evaluation's sampler on a vLLM server: the adapter is loaded under a name of its own, then the
+    prompts go in concurrent requests (``request_chunks``). No per-request seed (vLLM's CPU sampler refuses one):
+    samples depend on the server's state, so evaluation numbers from a shared server are not bit-reproducible."""
 
     backend = "vllm-server"
 
@@ -306,17 +332,50 @@ class ServerSampler(EngineSampler):
         super().__init__(tokenizer, adapter_dir)
         self.client = client
 
+    def cache_identity(self, base_model_dir: Path) -> tuple[dict[str, Any] | None, str]:
+        """The server's model as a cache key's part, when it is known to be ``base_model_dir`` (the server loaded
+        that very folder, which this process reads: ``grpoflow vllm-serve`` on this host or a shared path), with
+        the server's context length and vLLM version; else None and the reason. Its dtype is not visible through
+        the API: a server started by hand on the same folder in another dtype would share the key."""
+        served = self.client.served_model()
+        root = served.get("root")
+        if not root:
+            return None, f"the server at {self.client.base_url} serves no model named {SERVED_BASE_NAME!r}"
+        if not Path(root).is_dir() or Path(root).resolve() != Path(base_model_dir).resolve():
+            return None, f"the server's model is {root}, not {base_model_dir}: its weights cannot be checked here"
+        return served, ""
+
     def _complete(
-        self, encoded: list[list[int]], n: int, temperature: float, max_new_tokens: int, seed: int
+        self,
+        encoded: list[list[int]],
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        finished: Callable[[int], None],
     ) -> list[tuple[list[str], int]]:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
         model = SERVED_BASE_NAME
         if self.adapter_dir is not None:
             model = f"eval-{time.monotonic_ns()}"
             self.client.load_adapter(model, self.adapter_dir)
-        answer = self.client.generate(
-            encoded, n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=None, model=model
-        )
-        texts, ids = answer["texts"], answer["completion_ids"]
-        return [
-            (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(encoded))
-        ]
+
+        def complete(chunk: range) -> list[tuple[list[str], int]]:
+            prompts = [encoded[i] for i in chunk]
+            answer = self.client.generate(
+                prompts, n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=None, model=model
+            )
+            texts, ids = answer["texts"], answer["completion_ids"]
+            return [
+                (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(chunk))
+            ]
+
+        chunks = request_chunks(len(encoded), n)
+        answers: dict[int, list[tuple[list[str], int]]] = {}
+        with ThreadPoolExecutor(max_workers=min(len(chunks), 32)) as pool:
+            futures = {pool.submit(complete, chunk): index for index, chunk in enumerate(chunks)}
+            for future in as_completed(futures):
+                answers[futures[future]] = future.result()  # the first failure raises here, naming the server
+                finished(len(chunks[futures[future]]))
+        return [answer for index in range(len(chunks)) for answer in answers[index]]

@@ -120,3 +120,21 @@ def test_sigkill_during_grpo_then_resume(tmp_path: Path) -> None:
         if "mlflow.parentRunId" not in r.data.tags
     ]
     assert sorted(r.info.status for r in parents) == ["FAILED", "FINISHED"]
+
+
+def test_a_run_killed_with_sigterm_says_how_to_resume_it(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    config.update(output_dir=str(tmp_path / "out"))
+    config_path = tmp_path / "term.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    run = _run([str(config_path), "--run-id", "term-1"], dict(os.environ))
+    validated = tmp_path / "out" / "term-1" / "validate"
+    deadline = time.monotonic() + 180
+    while not validated.is_dir():  # inside the flow, in its first stage
+        assert run.poll() is None, run.stdout.read()
+        assert time.monotonic() < deadline, "the run never started its first stage"
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGTERM)  # what a scheduler, systemd or `kill` sends the process group
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == -signal.SIGTERM, output[-2000:]
+    assert f"killed (SIGTERM): `grpoflow run {config_path} --resume term-1` continues it" in output, output[-2000:]

@@ -136,8 +136,14 @@ def test_probe_and_evaluation_sample_through_vllm_and_agree_with_transformers(
     assert isinstance(sampler, VllmSampler)
     rows = holdout_rows(config, split.holdout_path)
     prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
-    first = sampler.sample(prompts, n=3, max_new_tokens=12, seed=5)
+    seen: list[tuple[int, int]] = []
+    first = sampler.sample(prompts, n=3, max_new_tokens=12, seed=5, progress=lambda done, of: seen.append((done, of)))
     assert [len(group) for group in first] == [3] * len(prompts)
+    # The bar moves as prompts finish inside the one engine call, not once at its end.
+    assert seen == [(i, len(prompts)) for i in range(1, len(prompts) + 1)]
+    # vLLM's own records are in the run's log file, not on the console (tests/tasks/models/test_vllm_logs.py).
+    kept = (tmp_path / "outputs" / "logs" / "vllm.log").read_text()
+    assert " vllm." in kept, kept[-2000:]
     assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=5) == first  # same seed, same samples
     assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=6) != first
 

@@ -129,8 +129,37 @@ def test_probe_and_evaluation_sample_through_the_server(
     ours = sampler.sample(prompts, greedy=True, max_new_tokens=12)
     theirs = reference.sample(prompts, greedy=True, max_new_tokens=12)
     assert sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(prompts) >= 0.75
-    sampled = sampler.sample(prompts, n=3, max_new_tokens=12)
-    assert [len(group) for group in sampled] == [3] * len(prompts)
+    seen: list[tuple[int, int]] = []
+    sampled = sampler.sample(prompts, n=16, max_new_tokens=12, progress=lambda done, of: seen.append((done, of)))
+    assert [len(group) for group in sampled] == [16] * len(prompts)
+    # Concurrent requests of 4 prompts × 16 samples: the bar moves as each returns.
+    assert sorted(seen) == [(4, 12), (8, 12), (12, 12)]
+
+
+def test_evaluation_through_the_server_is_cached_when_it_serves_our_model(
+    vllm_server: Any, tmp_path: Path, make_vllm_config: Any, vllm_model_dir: Path, lora_adapter_h32: Path
+) -> None:
+    from tasks.evaluate import ModelSpec
+    from tasks.evaluation.cache import sample_for_evaluation
+    from tasks.inputs import render_prompt
+    from tasks.models import GenerationStats, policy_sampler
+
+    vllm_server.ensure_up()
+    config = _server_config(
+        make_vllm_config, tmp_path / "outputs", vllm_server.url, **{"evaluation.cache": True, "seed": 7919}
+    )
+    sampler = policy_sampler(config, vllm_model_dir, lora_adapter_h32, 64)
+    served, _ = sampler.cache_identity(vllm_model_dir)
+    assert served is not None and Path(served["root"]) == vllm_model_dir and served["version"].startswith("0.31")
+    elsewhere, reason = sampler.cache_identity(tmp_path)
+    assert elsewhere is None and f"not {tmp_path}" in reason
+    spec = ModelSpec("sft", vllm_model_dir, lora_adapter_h32)
+    prompts = [render_prompt(sampler.tokenizer, f"What is {i} * 3?", None) for i in range(6)]
+    first = sample_for_evaluation(config, spec, sampler, prompts, GenerationStats(), None)
+    again = sample_for_evaluation(config, spec, sampler, prompts, GenerationStats(), None)
+    assert again == first  # the server samples afresh each time: equal only because the second came from the cache
+    fresh = sampler.sample(prompts, n=config.evaluation.n_samples, max_new_tokens=config.evaluation.max_new_tokens)
+    assert fresh != first[1]  # ... as a third draw, not cached, shows
 
 
 def test_the_server_refuses_a_client_without_its_key(vllm_server: Any) -> None:

@@ -47,7 +47,8 @@ def test_a_pipeline_has_one_engine_spec_and_the_server_gets_the_same_settings(ti
     assert spec == pipeline_engine_spec(config, base)  # probe, GRPO and evaluation share one engine
     assert spec.dtype == "bfloat16" and spec.max_lora_rank == 16 and spec.kv_cache_bytes <= KV_CACHE_CAP_BYTES
     command, env = pipeline_server_command(config, base, "127.0.0.1", 8123)
-    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert env["VLLM_CONFIGURE_LOGGING"] == "1"  # its output is the server's log (vllm-serve names the file)
     joined = " ".join(command)
     assert "--enable-lora --max-lora-rank 16" in joined and "--dtype bfloat16" in joined
     assert f"--kv-cache-memory-bytes {spec.kv_cache_bytes}" in joined and "--port 8123" in joined
