@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,10 @@ def test_a_pipeline_has_one_engine_spec_and_the_server_gets_the_same_settings(ti
     command, env = pipeline_server_command(config, base, "127.0.0.1", 8123)
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["VLLM_CONFIGURE_LOGGING"] == "1"  # its output is the server's log (vllm-serve names the file)
+    # On a CPU the server's compute threads bind to every core this process may use (vLLM's default keeps one).
+    cores = sorted(os.sched_getaffinity(0))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"].startswith(str(cores[0]))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"].endswith(str(cores[-1]))
     joined = " ".join(command)
     assert "--enable-lora --max-lora-rank 16" in joined and "--dtype bfloat16" in joined
     assert f"--kv-cache-memory-bytes {spec.kv_cache_bytes}" in joined and "--port 8123" in joined
