@@ -275,6 +275,21 @@ class PromptsDone:
         return None
 
 
+def prompts_done_bar(report: Callable[[int], None]) -> Callable[..., Any]:
+    """What ``LLM.generate`` takes as ``use_tqdm``: a factory vLLM calls twice, once around the prompts it renders
+    (handed back as they are: nothing finishes there) and once for the bar of finished requests (``PromptsDone``).
+
+    >>> seen = []; bar = prompts_done_bar(seen.append)
+    >>> list(bar([1, 2], desc="Rendering prompts")), type(bar(total=2, desc="Processed prompts")).__name__
+    ([1, 2], 'PromptsDone')
+    """
+
+    def factory(iterable: Any = None, **kwargs: Any) -> Any:
+        return iterable if iterable is not None else PromptsDone(report, **kwargs)
+
+    return factory
+
+
 class EngineSampler:
     """What the vLLM samplers share: prompts are rendered text, tokenized as the transformers path tokenizes them,
     and go to the engine (``_complete``: the texts and the new-token count of each prompt's samples, calling
@@ -352,8 +367,6 @@ class VllmSampler(EngineSampler):
         seed: int,
         finished: Callable[[int], None],
     ) -> list[tuple[list[str], int]]:
-        import functools
-
         import torch
 
         params = sampling_params(n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=temperature == 0)
@@ -362,6 +375,6 @@ class VllmSampler(EngineSampler):
             [{"prompt_token_ids": ids} for ids in encoded],
             sampling_params=params,
             lora_request=adapter_request(self.adapter_dir),
-            use_tqdm=functools.partial(PromptsDone, finished),
+            use_tqdm=prompts_done_bar(finished),
         )
         return [([c.text for c in o.outputs], sum(len(c.token_ids) for c in o.outputs)) for o in outputs]

@@ -123,17 +123,25 @@ def test_log_probs_beyond_the_bound_fail_grpo_with_the_numbers(
 
 
 def test_probe_and_evaluation_sample_through_vllm_and_agree_with_transformers(
-    tmp_path: Path, vllm_model_dir: Path, lora_adapter_h32: Path, make_vllm_config: Any
+    tmp_path: Path, vllm_model_dir: Path, lora_adapter_h32: Path, make_vllm_config: Any, capfd: Any
 ) -> None:
     from tasks.evaluate import ModelSpec, holdout_rows, score_model
     from tasks.inputs import render_prompt
     from tasks.models import TransformersSampler, VllmSampler, policy_sampler
+    from tasks.models.vllm_engine import close_engine
     from tasks.probe import run_probe
 
     config = make_vllm_config(tmp_path / "outputs")
     split = _split(config, tmp_path)
+    close_engine()  # an engine of its own: its start-up is what logs the most
+    capfd.readouterr()
     sampler = policy_sampler(config, vllm_model_dir, lora_adapter_h32, 64)
     assert isinstance(sampler, VllmSampler)
+    # vLLM's own records are in the run's log file, not on the console (tests/tasks/models/test_vllm_logs.py).
+    console = "".join(capfd.readouterr())
+    kept = (tmp_path / "outputs" / "logs" / "vllm.log").read_text()
+    assert "Initializing a V1 LLM engine" in kept and "Initializing a V1 LLM engine" not in console, console[-2000:]
+    assert " vllm." not in console and "[cpu_worker.py" not in console, console[-2000:]
     rows = holdout_rows(config, split.holdout_path)
     prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
     seen: list[tuple[int, int]] = []
@@ -141,9 +149,6 @@ def test_probe_and_evaluation_sample_through_vllm_and_agree_with_transformers(
     assert [len(group) for group in first] == [3] * len(prompts)
     # The bar moves as prompts finish inside the one engine call, not once at its end.
     assert seen == [(i, len(prompts)) for i in range(1, len(prompts) + 1)]
-    # vLLM's own records are in the run's log file, not on the console (tests/tasks/models/test_vllm_logs.py).
-    kept = (tmp_path / "outputs" / "logs" / "vllm.log").read_text()
-    assert " vllm." in kept, kept[-2000:]
     assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=5) == first  # same seed, same samples
     assert sampler.sample(prompts, n=3, max_new_tokens=12, seed=6) != first
 
