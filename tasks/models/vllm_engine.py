@@ -91,6 +91,7 @@ class EngineSpec:
             "logprobs_mode": "processed_logprobs",  # the sampled distribution, as TRL's importance sampling needs
             "seed": self.seed,
             "enforce_eager": True,
+            "use_tqdm_on_load": False,  # the console has one bar: the stage's
         }
         if self.kv_cache_bytes is not None:
             args["kv_cache_memory_bytes"] = self.kv_cache_bytes

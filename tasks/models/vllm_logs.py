@@ -2,6 +2,7 @@
 set in ``tasks/__init__.py``); its records go to a log file an engine names, and to the console only where the
 console shows a library's chatter — every record under ``--verbose``, errors otherwise. Records written before an
 engine names its file (vLLM logs while it is imported) are kept in a short buffer and written to the file first.
+Python warnings raised in vLLM's code go the same way.
 Must not import: vllm, torch, Prefect, MLflow, a stage.
 """
 
@@ -34,6 +35,24 @@ class ConsoleRule(logging.Filter):
         return os.environ.get("GRPOFLOW_CONSOLE") == "verbose" or record.levelno >= logging.ERROR
 
 
+class VllmWarnings(logging.Filter):
+    """On Python's ``py.warnings`` logger: a warning raised in vLLM's own code (a deprecation inside its kernels'
+    dispatch) is vLLM's chatter, so it goes to the ``vllm`` logger instead.
+
+    >>> path = os.path.join("site-packages", "vllm", "triton_utils", "dispatcher.py")
+    >>> def warned(text): return logging.LogRecord("py.warnings", 30, "", 1, text, None, None)
+    >>> VllmWarnings().filter(warned(f"{path}:138: FutureWarning: old")), VllmWarnings().filter(warned("x.py:1: W"))
+    (False, True)
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        where = str(record.getMessage()).split(":", 1)[0]
+        if f"{os.sep}vllm{os.sep}" not in where:
+            return True
+        logging.getLogger(f"{VLLM_LOGGER}.warnings").warning("%s", str(record.getMessage()).rstrip())
+        return False
+
+
 class _EarlyRecords(logging.Handler):
     """The last records written before a log file was named, handed to the first file handler."""
 
@@ -59,6 +78,9 @@ def route_vllm_logging(log_file: Path | None = None, console_prefix: str = "") -
     (True, False)
     """
     logger = logging.getLogger(VLLM_LOGGER)
+    warnings_logger = logging.getLogger("py.warnings")
+    if not any(isinstance(f, VllmWarnings) for f in warnings_logger.filters):
+        warnings_logger.addFilter(VllmWarnings())
     logger.propagate = False  # not through the root's console handler, which shows a library's warnings
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
