@@ -291,6 +291,19 @@ def prompts_done_bar(report: Callable[[int], None]) -> Callable[..., Any]:
     return factory
 
 
+@dataclass(frozen=True)
+class EngineCall:
+    """One sampling call as an engine gets it: each prompt's token ids, samples per prompt (1 and temperature 0:
+    greedy), the token budget, the seed, and ``finished(prompts)`` to call as prompts finish."""
+
+    encoded: list[list[int]]
+    n: int
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    finished: Callable[[int], None]
+
+
 class EngineSampler:
     """What the vLLM samplers share: prompts are rendered text, tokenized as the transformers path tokenizes them,
     and go to the engine (``_complete``: the texts and the new-token count of each prompt's samples, calling
@@ -329,7 +342,7 @@ class EngineSampler:
                 progress(done, len(prompts))
 
         answers = self._complete(
-            encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed, finished
+            EngineCall(encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed, finished)
         )
         if stats is not None:
             stats.sequences += sum(len(texts) for texts, _ in answers)
@@ -339,15 +352,7 @@ class EngineSampler:
             progress(len(prompts), len(prompts))
         return [texts for texts, _ in answers]
 
-    def _complete(
-        self,
-        encoded: list[list[int]],
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-        finished: Callable[[int], None],
-    ) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
         raise NotImplementedError
 
 
@@ -359,23 +364,17 @@ class VllmSampler(EngineSampler):
         super().__init__(tokenizer, adapter_dir)
         self.llm = llm
 
-    def _complete(
-        self,
-        encoded: list[list[int]],
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-        finished: Callable[[int], None],
-    ) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
         import torch
 
-        params = sampling_params(n=n, temperature=temperature, max_new_tokens=max_new_tokens, greedy=temperature == 0)
-        torch.manual_seed(seed)
+        params = sampling_params(
+            n=call.n, temperature=call.temperature, max_new_tokens=call.max_new_tokens, greedy=call.temperature == 0
+        )
+        torch.manual_seed(call.seed)
         outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for ids in encoded],
+            [{"prompt_token_ids": ids} for ids in call.encoded],
             sampling_params=params,
             lora_request=adapter_request(self.adapter_dir),
-            use_tqdm=prompts_done_bar(finished),
+            use_tqdm=prompts_done_bar(call.finished),
         )
         return [([c.text for c in o.outputs], sum(len(c.token_ids) for c in o.outputs)) for o in outputs]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import InfrastructureError, UserError
-from tasks.models.vllm_engine import EngineSampler
+from tasks.models.vllm_engine import EngineCall, EngineSampler
 
 logger = logging.getLogger(__name__)
 
@@ -345,15 +345,7 @@ class ServerSampler(EngineSampler):
             return None, f"the server's model is {root}, not {base_model_dir}: its weights cannot be checked here"
         return served, ""
 
-    def _complete(
-        self,
-        encoded: list[list[int]],
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-        finished: Callable[[int], None],
-    ) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         model = SERVED_BASE_NAME
@@ -361,21 +353,23 @@ class ServerSampler(EngineSampler):
             model = f"eval-{time.monotonic_ns()}"
             self.client.load_adapter(model, self.adapter_dir)
 
+        n = call.n
+
         def complete(chunk: range) -> list[tuple[list[str], int]]:
-            prompts = [encoded[i] for i in chunk]
+            prompts = [call.encoded[i] for i in chunk]
             answer = self.client.generate(
-                prompts, n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=None, model=model
+                prompts, n=n, temperature=call.temperature, max_tokens=call.max_new_tokens, logprobs=None, model=model
             )
             texts, ids = answer["texts"], answer["completion_ids"]
             return [
                 (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(chunk))
             ]
 
-        chunks = request_chunks(len(encoded), n)
+        chunks = request_chunks(len(call.encoded), n)
         answers: dict[int, list[tuple[list[str], int]]] = {}
         with ThreadPoolExecutor(max_workers=min(len(chunks), 32)) as pool:
             futures = {pool.submit(complete, chunk): index for index, chunk in enumerate(chunks)}
             for future in as_completed(futures):
                 answers[futures[future]] = future.result()  # the first failure raises here, naming the server
-                finished(len(chunks[futures[future]]))
+                call.finished(len(chunks[futures[future]]))
         return [answer for index in range(len(chunks)) for answer in answers[index]]
