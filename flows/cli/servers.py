@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -103,6 +103,7 @@ def vllm_serve(
     host, or a shared path). On an address other hosts reach it requires an API key (from a file or the
     environment, never the command line): runtime adapter loading reads any path the server sees. Ctrl-C stops it."""
     import shlex
+    import signal
     import subprocess
     from urllib.parse import urlparse
 
@@ -139,6 +140,11 @@ def vllm_serve(
     console.print(f"starting vLLM on http://{host}:{port} (its log: {log_path}) ...")
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(signum: int, frame: Any) -> None:  # `kill`, systemd, a script's trap: stopped as Ctrl-C stops it
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         try:  # "up" only once it answers: the engine takes tens of seconds to load after the process starts
             VllmServerClient(url, api_key=api_key).wait_until_up(600, alive=lambda: process.poll() is None)

@@ -4,6 +4,7 @@ head size vLLM's CPU attention takes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -46,6 +47,11 @@ def vllm_model_dir() -> Path:
 API_KEY = "grpoflow-test-key"
 
 
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 class ServerProcess:
     """``grpoflow vllm-serve`` for the tiny config, on a free port; ``stop`` and ``start`` again at will."""
 
@@ -76,13 +82,20 @@ class ServerProcess:
         VllmServerClient(self.url).wait_until_up(180, alive=lambda: self.process.poll() is None)
 
     def stop(self) -> None:
+        """SIGTERM to `grpoflow vllm-serve` alone, as systemd or a script's trap sends it: the server it started
+        must stop with it (the process group is killed after, whatever happened, so nothing outlives a test)."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
+            self.process.send_signal(15)
             try:
-                self.process.wait(30)
+                self.process.wait(60)
+                left = _answers(self.port)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
+                left = True
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, 9)
                 self.process.wait()
+            assert not left, "vllm-serve stopped but the vLLM server it started still answers"
 
     def ensure_up(self) -> None:
         if self.process is None or self.process.poll() is not None:
