@@ -139,13 +139,14 @@ def sample_for_evaluation(
     either way."""
     settings = config.evaluation
     common = {"max_new_tokens": settings.max_new_tokens, "stats": stats, "progress": progress}
-    key = None
-    server: dict[str, Any] | None = None
-    if settings.cache and hasattr(sampler, "cache_identity"):  # a server: keyed only when its model is ours
-        server, reason = sampler.cache_identity(spec.base_model_dir)
+    key, server, cached = None, None, settings.cache
+    identify = getattr(sampler, "cache_identity", None)  # a server's: keyed only when its model is ours
+    if cached and identify is not None:
+        server, reason = identify(spec.base_model_dir)
         if server is None:
             logger.info("evaluate %s: not cached: %s", spec.name, reason)
-    if settings.cache and (server is not None or not hasattr(sampler, "cache_identity")):
+            cached = False
+    if cached:
         from tasks.speedups import speedups_on
 
         key = completions_key(
