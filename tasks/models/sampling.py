@@ -210,7 +210,7 @@ def pipeline_server_command(
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CONFIGURE_LOGGING": "1"}
     if spec.kv_cache_bytes is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # a CPU server
         # vLLM's CPU default keeps a core for its scheduler (one of two here); bound to every core this process
-        # may use, the model computes on all of them (bench/bench_server_cores.py: +30 % tokens/s on two cores).
+        # may use, the model computes on all of them (bench/bench_server_cores.py: +33 % tokens/s on two cores).
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(os.sched_getaffinity(0))
     return command, env
 
