@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
-from tasks.config import GenerationSettings, PipelineConfig
+from tasks.config import GenerationSettings, PipelineConfig, changed_settings, grpo_loss_args
 from tasks.inputs import read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,
@@ -106,6 +106,37 @@ def vllm_setup(config: PipelineConfig, base_model_dir: Path, backend: str) -> An
     )
 
 
+def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, reward_weights: list[float]) -> Any:
+    """The ``GRPOConfig`` of this pipeline's GRPO stage: the run's length, batches and sampling, the engine, and
+    every loss and stability setting under its TRL name (``grpo_loss_args``); logs the loss settings it changes."""
+    from trl import GRPOConfig
+
+    settings = config.grpo
+    loss_changes = changed_settings(settings)
+    logger.info(
+        "GRPO loss: %s%s",
+        settings.loss_type,
+        "".join(f", {name} {value}" for name, value in loss_changes.items()),
+    )
+    if backend != "vllm" and any(name.startswith("vllm_importance") for name in loss_changes):
+        logger.info("GRPO: the vLLM importance-sampling settings are not used: %s generates", backend)
+    return GRPOConfig(
+        **generation_args(settings.generation, backend),
+        **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        num_generations=settings.num_generations,
+        max_completion_length=settings.max_completion_length,
+        temperature=settings.temperature,
+        steps_per_generation=settings.steps_per_generation,
+        **grpo_loss_args(settings),
+        reward_weights=reward_weights,
+        logging_steps=settings.logging_steps,
+        lr_scheduler_type="constant",
+    )
+
+
 @functools.cache
 def grpo_trainer_class(speedups: str) -> type:
     """The trainer GRPO runs: TRL's ``GRPOTrainer`` with the online difficulty filter (a feature: on with either
@@ -145,7 +176,6 @@ def run_grpo(
 ) -> TrainResult:
     """Continue the SFT adapter with GRPO (or train a fresh one when SFT was disabled)."""
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from tasks.speedups.frozen import store_frozen_in
 
@@ -166,23 +196,7 @@ def run_grpo(
         settings.generation.backend,
         f", {settings.generation.vllm_mode} mode" if backend == "vllm" else "",
     )
-    args = GRPOConfig(
-        **generation_args(settings.generation, backend),
-        **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        num_generations=settings.num_generations,
-        max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature,
-        steps_per_generation=settings.steps_per_generation,
-        beta=settings.beta,
-        loss_type=settings.loss_type,
-        scale_rewards=settings.scale_rewards,
-        reward_weights=weights,
-        logging_steps=settings.logging_steps,
-        lr_scheduler_type="constant",
-    )
+    args = grpo_training_args(config, stage_dir, backend, weights)
     recorder = MetricsHistory()
     resume_from = resumable_checkpoint(stage_dir / CHECKPOINTS)
     pool = load_signal_state(resume_from, settings.dynamic_sampling.retire_after)

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from tasks.config.grpo_loss import GRPOLossSettings
 from tasks.config.settings import (
     CanarySettings,
     DataSettings,
@@ -53,6 +54,7 @@ ADDED_LATER = (
     "evaluation.cache",
     "evaluation.processes",
     "probe.processes",
+    *(f"grpo.{name}" for name in GRPOLossSettings.model_fields if name not in ("beta", "loss_type", "scale_rewards")),
 )
 
 

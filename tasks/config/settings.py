@@ -10,18 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from tasks.config.base import Strict as _Strict
+from tasks.config.grpo_loss import GRPOLossSettings, loss_setting_problems
 
 TaskKind = Literal["math", "code", "json", "label", "exact"]
 Precision = Literal["auto", "fp32", "bf16"]
 Speedups = Literal["auto", "off"]
 _SPEEDUPS = "auto: grpoflow's speed-ups where they apply (tasks/speedups/); off: stock TRL and transformers."
-
-
-class _Strict(BaseModel):
-    """Base for every config section: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelSettings(_Strict):
@@ -177,7 +174,10 @@ class SignalStopSettings(_Strict):
     plateau_min_delta: float = Field(0.01, ge=0.0, description="What counts as an improvement of that mean.")
 
 
-class GRPOSettings(_Strict):
+class GRPOSettings(GRPOLossSettings):
+    """GRPO's run: its length, batches and sampling, generation engine, guards and ledger; the loss and stability
+    settings (``beta``, ``loss_type``, ``epsilon_high``…) come from ``GRPOLossSettings`` under the same keys."""
+
     enabled: bool = True
     generation: GenerationSettings = GenerationSettings()
     max_steps: int = Field(30, ge=1)
@@ -189,9 +189,6 @@ class GRPOSettings(_Strict):
     steps_per_generation: int = Field(
         1, ge=1, description="Sample completions for this many optimizer steps at once (TRL): bigger, faster batches."
     )
-    beta: float = Field(0.0, ge=0)
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "dapo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
     logging_steps: int = Field(1, ge=1)
     checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
     log_completions_every: int = Field(
@@ -215,6 +212,9 @@ class GRPOSettings(_Strict):
         server = generation.backend != "transformers" and generation.vllm_mode == "server"
         if server and not generation.vllm_server_base_url:
             raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
+        problems = loss_setting_problems(self, may_use_vllm=generation.backend != "transformers")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

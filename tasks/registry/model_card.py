@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import PipelineConfig
+from tasks.config import PipelineConfig, changed_settings
 from tasks.evaluation import describe
 
 TEMPLATE = """---
@@ -122,6 +122,7 @@ def version_card(
             f"({config.grpo.num_generations} per prompt, ≤ {config.grpo.max_completion_length} tokens, "
             f"temperature {config.grpo.temperature:g}), learning rate {config.grpo.learning_rate:g}, "
             f"beta {config.grpo.beta:g}, loss `{config.grpo.loss_type}`"
+            + "".join(f", `{name}` {value}" for name, value in changed_settings(config.grpo).items())
             if role == "candidate"
             else "- GRPO: continued this adapter into the main version"
         )

@@ -52,3 +52,36 @@ def test_vllm_arguments_are_accepted_by_trl(tmp_path) -> None:
 def test_server_mode_without_url_fails_at_config_load() -> None:
     with pytest.raises(ConfigError, match="vllm_server_base_url"):
         load_config(overrides={"grpo.generation.vllm_mode": "server"})
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"loss_type": "grpo", "importance_sampling_level": "sequence"},  # GSPO
+        {"loss_type": "dapo", "epsilon_high": 0.28, "num_iterations": 2},  # clip-higher, two passes per batch
+    ],
+    ids=["gspo", "clip-higher"],
+)
+def test_gspo_and_clip_higher_train_the_tiny_adapter(
+    loss, tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path
+):
+    """A real GRPO stage with the loss: it trains (the adapter moves), and TRL's clip metrics for the loss are there."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tasks.config import PipelineConfig
+    from tasks.grpo import run_grpo
+
+    config = PipelineConfig.model_validate(
+        {
+            **tiny_config.model_dump(),
+            "rewards": [{"name": "length_closeness", "args": {"target_chars": 4}}],  # a signal for a random model
+            "grpo": {**tiny_config.grpo.model_dump(), **loss},
+        }
+    )
+    result = run_grpo(config, tiny_split.train_path, tiny_model_dir, tiny_adapter, tmp_path / "grpo")
+    assert result.steps == config.grpo.max_steps
+    assert result.last("clip_ratio/region_mean") is not None
+    before = load_file(tiny_adapter / "adapter_model.safetensors")
+    after = load_file(result.adapter_dir / "adapter_model.safetensors")
+    assert any(not torch.equal(before[key], after[key]) for key in before)

@@ -84,12 +84,14 @@ def test_grpo_examples_keep_object_columns_as_json(tiny_config, tiny_model_dir) 
     assert json_schema(completions=["{}", "{}"], schema=[e["schema"] for e in examples]) == [1.0, 0.0]
 
 
-def _shared_prefill_trainer(precision, tiny_config, tiny_split, tiny_model_dir, adapter, out):  # noqa: ANN001, ANN202
-    """grpoflow's GRPO trainer on the tiny policy, as the GRPO stage builds it for ``precision``."""
+def _shared_prefill_trainer(precision, tiny_config, tiny_split, tiny_model_dir, adapter, out, loss=None):  # noqa: ANN001, ANN202
+    """grpoflow's GRPO trainer on the tiny policy, as the GRPO stage builds it for ``precision`` (and the loss
+    settings ``loss``, a ``GRPOLossSettings`` dict)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
     from reward_fns.registry import build_reward_functions
+    from tasks.config import GRPOLossSettings, grpo_loss_args
     from tasks.grpo import grpo_examples
     from tasks.inputs import read_jsonl
     from tasks.models import load_policy, load_tokenizer
@@ -111,6 +113,7 @@ def _shared_prefill_trainer(precision, tiny_config, tiny_split, tiny_model_dir, 
             num_generations=4,
             max_completion_length=6,
             max_steps=1,
+            **grpo_loss_args(GRPOLossSettings.model_validate(loss or {})),
         ),
         train_dataset=Dataset.from_list(grpo_examples(rows, tokenizer, tiny_config)),
         processing_class=tokenizer,
@@ -307,3 +310,68 @@ def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
     )
     with pytest.raises(RewardNoneLimitExceeded, match="reward broken could not judge 8/8 completions"):
         run_grpo(failing, tiny_split.train_path, tiny_model_dir, None, tmp_path / "grpo")
+
+
+LOSSES = {  # name: GRPOLossSettings; every loss TRL 1.16 has, and the stability settings that change its terms
+    "dapo": {},
+    "grpo": {"loss_type": "grpo"},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "cispo": {"loss_type": "cispo"},
+    "sapo": {"loss_type": "sapo"},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    "vespo": {"loss_type": "vespo"},
+    "clip-higher, two-sided, masks, entropy": {
+        "epsilon_high": 0.28,
+        "delta": 1.5,
+        "off_policy_mask_threshold": 0.05,
+        "top_entropy_quantile": 0.5,
+        "entropy_coef": 0.01,
+    },
+}
+
+
+def test_every_loss_agrees_with_trl_on_the_shared_prefill_path(
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path
+) -> None:
+    """The losses are TRL's own ``_compute_loss``; the shared-prefill trainer only replaces the log-probs under it.
+    For each loss, the loss and the LoRA gradients agree with TRL's own log-prob path on one batch whose old
+    log-probs differ from the policy's (so clipping, masking and the importance weights all act)."""
+    from trl import GRPOTrainer
+
+    input_ids, attention = _shuffled_batch()
+    torch.manual_seed(1)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5])
+    for name, loss in LOSSES.items():
+        trainer = _shared_prefill_trainer("fp32", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, loss)
+        trainer.current_gradient_accumulation_steps = 1
+        model = trainer.model
+        with torch.no_grad():
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
+        inputs = {
+            "prompt_ids": input_ids[:, :7],
+            "prompt_mask": attention[:, :7],
+            "completion_ids": input_ids[:, 7:],
+            "completion_mask": attention[:, 7:],
+            "advantages": advantages,
+            "old_per_token_logps": logps + 0.3 * torch.randn_like(logps),  # off-policy: ratios far from 1
+            "num_items_in_batch": attention[:, 7:].sum(),
+        }
+        lora = [p for n, p in model.named_parameters() if "lora_" in n]
+
+        def loss_and_grads(trainer=trainer, inputs=inputs, lora=lora, model=model):  # noqa: ANN001, ANN202
+            model.zero_grad()
+            value = trainer._compute_loss(model, inputs)
+            value.backward()
+            return value.detach(), [p.grad.clone() for p in lora]
+
+        ours, our_grads = loss_and_grads()
+        trl_logps = GRPOTrainer._get_per_token_logps_and_entropies.__get__(trainer)
+        trainer._get_per_token_logps_and_entropies = trl_logps
+        theirs, their_grads = loss_and_grads()
+        assert torch.isfinite(ours) and torch.allclose(ours, theirs, atol=1e-5), name
+        assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-3) for a, b in zip(our_grads, their_grads, strict=True)), (
+            name
+        )
+        assert any(g.abs().sum() > 0 for g in our_grads), name
