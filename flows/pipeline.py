@@ -25,9 +25,9 @@ from tasks.tracking import (
     announce_skipped,
     close_pipeline,
     last_completed_run,
+    record_validated_data,
     runs_closed_on_termination,
     start_pipeline,
-    tag_data_fingerprint,
 )
 from tasks.validate import validate_task
 
@@ -76,7 +76,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
         try:
             data = validate(config, tracker)
             summary["data"] = data.to_json()
-            tag_data_fingerprint(tracker, data.fingerprint)
+            record_validated_data(tracker, data, config.data.source)
             previous = last_completed_run(tracker, config.config_hash(), data.fingerprint) if skip_unchanged else None
             if previous:
                 summary["skipped"] = announce_skipped(tracker, previous)

@@ -22,7 +22,15 @@ from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.evaluation import forgetting_metrics, forgetting_problem
 from tasks.registry import RegistryError, apply_promotion, promotion_lock, register_adapter, short_description
-from tasks.tracking import StageRun, Tracker, emit_pipeline_event, prefect_task, publish_markdown, tracked_stage
+from tasks.tracking import (
+    StageRun,
+    Tracker,
+    emit_pipeline_event,
+    prefect_task,
+    publish_markdown,
+    tracked_stage,
+    validated_splits,
+)
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -219,14 +227,17 @@ def git_commit() -> str:
         return "unknown"
 
 
-def lineage(config: PipelineConfig, tracker: Tracker, data_fingerprint: str) -> dict[str, Any]:
-    """The tags that tie a registered version to what made it: runs, base model, config, data, code."""
+def lineage(config: PipelineConfig, tracker: Tracker, data: Any) -> dict[str, Any]:
+    """The tags that tie a registered version to what made it: runs, base model, config, data (the validated
+    rows' fingerprint, and each split's digest as the MLflow datasets of its runs name it), code."""
+    digests = {f"data_{split.split}_digest": split.digest for split in validated_splits(data, config.data.source)}
     return {
         "pipeline_run_id": tracker.run_id,
         "mlflow_parent_run_id": tracker.parent_run_id,
         "base_model": config.model.source,
         "config_hash": config.config_hash(),
-        "data_fingerprint": data_fingerprint,
+        "data_fingerprint": data.fingerprint,
+        **digests,
         "git_commit": git_commit(),
         **tracker.stage_run_ids(),
     }
@@ -297,7 +308,7 @@ def promote_task(
             return folder, summary
 
         tags = {
-            **lineage(config, tracker, data.fingerprint),
+            **lineage(config, tracker, data),
             "promote_run_id": stage.run_id,
             "evaluation_engine": evaluation.engine,  # the engine behind the version's metric tags
         }

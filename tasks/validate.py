@@ -17,7 +17,7 @@ from tasks.errors import GateStop, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
 from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
 from tasks.layout import write_atomically
-from tasks.tracking import Tracker, prefect_task, publish_markdown, tracked_stage
+from tasks.tracking import Tracker, log_splits, prefect_task, publish_markdown, tracked_stage, validated_splits
 
 
 class RewardCanaryFailed(GateStop, RuntimeError):
@@ -42,6 +42,11 @@ class ValidateResult:
     fingerprint: str
     reasons: dict[str, int] = field(default_factory=dict)
     rows_unreadable: int = 0  # lines that were not JSON or not UTF-8 (counted among the quarantined)
+    # each split's content fingerprint (its MLflow dataset digest) and the kept rows' columns; empty in results
+    # pickled before they existed (the class defaults answer for them)
+    train_digest: str = ""
+    holdout_digest: str = ""
+    columns: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -193,6 +198,9 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         fingerprint=fingerprint(kept),
         reasons=reason_counts(quarantined),
         rows_unreadable=sum(isinstance(row, _Unreadable) for row in raw_rows),
+        train_digest=fingerprint(train),
+        holdout_digest=fingerprint(holdout),
+        columns=sorted({key for row in kept for key in row}),
     )
     if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
         raise RuntimeError(
@@ -239,6 +247,7 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
             }
         )
         stage.set_tags({"data_fingerprint": result.fingerprint, "data_source": config.data.source})
+        log_splits(stage.client, stage.run_id, validated_splits(result, config.data.source))
         for path in (result.report_path, result.quarantine_path):
             stage.log_artifact(path, "validate")
         stage.log_artifact(stage.dir / "data_docs", "validate/data_docs")

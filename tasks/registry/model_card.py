@@ -109,7 +109,12 @@ def version_card(
     )
     data_text = (
         f"- kind `{config.data.kind}`, source `{config.data.source}`, fingerprint `{data.fingerprint}`\n"
-        f"- {data.rows_in} rows in: {data.rows_kept} kept, {data.rows_quarantined} quarantined; "
+        + (
+            f"- MLflow datasets: `train` digest `{data.train_digest}`, `holdout` digest `{data.holdout_digest}`\n"
+            if getattr(data, "train_digest", "")
+            else ""
+        )
+        + f"- {data.rows_in} rows in: {data.rows_kept} kept, {data.rows_quarantined} quarantined; "
         f"{data.rows_train} train / {data.rows_holdout} hold-out\n"
         f"- rewards: " + ", ".join(f"`{r.name}` × {r.weight:g}" for r in config.rewards)
     )

@@ -37,7 +37,10 @@ _EXPORTS = {
     "last_completed_run": "runs",
     "run_page": "runs",
     "start_pipeline": "runs",
-    "tag_data_fingerprint": "runs",
+    "record_validated_data": "runs",
+    "DataSplit": "lineage",
+    "log_splits": "lineage",
+    "validated_splits": "lineage",
     "prefect_task": "stage_task",
     "stage_cache_key": "stage_task",
 }

@@ -132,6 +132,16 @@ class Tracker:
             return None
         return run_page(self.tracking_uri, self.experiment_id, mlflow_run_id)
 
+    def _list_datasets(self, stage_run_id: str) -> None:
+        """The data the pipeline's run lists (its validated splits), listed on a stage's run too. Lineage is a
+        record, not a gate: a failure is a warning and the stage goes on."""
+        from tasks.tracking.lineage import copy_splits
+
+        try:
+            copy_splits(self.client, self.parent_run_id, stage_run_id)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("could not list the run's datasets on stage run %s: %s", stage_run_id, exc)
+
     @contextmanager
     def stage(self, name: str, on_success: Callable[[str, str], None] | None = None) -> Iterator[StageRun]:
         """A nested MLflow run for one stage; closed FINISHED or FAILED, with wall time and peak memory.
@@ -147,6 +157,7 @@ class Tracker:
         except Exception as exc:
             raise tracking_error(self.tracking_uri, f"opening the MLflow run of stage {name}", exc) from exc
         stage = StageRun(self.tracking_uri, run.info.run_id, name, stage_dir)
+        self._list_datasets(run.info.run_id)
         started = time.perf_counter()
         status = "FAILED"
         logger.info("stage %s started (MLflow run %s)", name, run.info.run_id)
@@ -272,10 +283,14 @@ def close_interrupted_runs(client: Any, experiment_id: str, run_id: str) -> list
     return [run.info.run_id for run in runs if "mlflow.parentRunId" not in run.data.tags]
 
 
-def tag_data_fingerprint(tracker: Tracker, fingerprint: str) -> None:
+def record_validated_data(tracker: Tracker, data: Any, source: str) -> None:
     """Tag the parent run with the validated data's fingerprint (also when validation came from Prefect's cache),
-    so a later scheduled run can tell that nothing changed (``last_completed_run``)."""
-    tracker.client.set_tag(tracker.parent_run_id, FINGERPRINT_TAG, fingerprint)
+    so a later scheduled run can tell that nothing changed (``last_completed_run``), and list its train and hold-out
+    splits as MLflow datasets (``lineage.py``; every later stage's run lists them too)."""
+    from tasks.tracking.lineage import log_splits, validated_splits
+
+    tracker.client.set_tag(tracker.parent_run_id, FINGERPRINT_TAG, data.fingerprint)
+    log_splits(tracker.client, tracker.parent_run_id, validated_splits(data, source))
 
 
 def finished_parent_run(config: Any, run_id: str) -> str | None:

@@ -8,6 +8,7 @@ import pytest
 
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
+from tasks.inputs import fingerprint, read_jsonl
 from tasks.probe import NoLearningSignal
 from tasks.tracking import RUN_ID_TAG, client_for
 
@@ -84,10 +85,40 @@ def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> No
     assert version.tags["evaluation_engine"] == "transformers"
     assert "tiny-e2e-1" in _flow_run_names()
 
-    # A second run (another seed) registers a second version of each.
+    # Data lineage: the pipeline's run and every stage's run list the two validated splits as MLflow datasets,
+    # digested by grpoflow's fingerprint of the split's rows; the version's tags name the digests.
+    digests = {"train": summary["data"]["train_digest"], "holdout": summary["data"]["holdout_digest"]}
+    assert digests["train"] == fingerprint(read_jsonl(Path(summary["data"]["train_path"])))
+    assert digests["holdout"] == fingerprint(read_jsonl(Path(summary["data"]["holdout_path"])))
+    assert _datasets(client, parent[0].info.run_id) == {
+        "train": (digests["train"], "training"),
+        "holdout": (digests["holdout"], "evaluation"),
+    }
+    assert all(_datasets(client, r.info.run_id) == _datasets(client, parent[0].info.run_id) for r in stages.values())
+    assert (version.tags["data_train_digest"], version.tags["data_holdout_digest"]) == (
+        digests["train"],
+        digests["holdout"],
+    )
+
+    # A second run (another seed) registers a second version of each; the built-in task draws its rows from the
+    # seed, so other data: other digests, each run's own.
     second = PipelineConfig.model_validate({**tiny_config.model_dump(), "seed": 2})
-    assert pipeline(second, "tiny-e2e-2")["promotion"]["version"] == "2"
+    second_summary = pipeline(second, "tiny-e2e-2")
+    assert second_summary["promotion"]["version"] == "2"
     assert client.get_model_version(f"{name}-sft", "2")
+    second_train = second_summary["data"]["train_digest"]
+    assert client.get_model_version(name, "2").tags["data_train_digest"] == second_train != digests["train"]
+
+
+def _datasets(client, run_id: str) -> dict[str, tuple[str, str]]:  # noqa: ANN001
+    """``{name: (digest, context)}`` of the MLflow datasets a run lists (each once)."""
+    inputs = client.get_run(run_id).inputs.dataset_inputs
+    listed = {
+        item.dataset.name: (item.dataset.digest, {t.key: t.value for t in item.tags}["mlflow.data.context"])
+        for item in inputs
+    }
+    assert len(listed) == len(inputs)
+    return listed
 
 
 def test_probe_gate_stops_before_grpo_and_registers_nothing(tiny_config: PipelineConfig) -> None:

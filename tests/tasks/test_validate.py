@@ -292,3 +292,15 @@ def test_a_custom_reward_is_checked_on_the_configs_own_canaries(tiny_config, tmp
     (tmp_path / "canaries.jsonl").write_text('{"case": "quiet", "completion": "yes", "expect": {"shouted": 1.0}}\n')
     with pytest.raises(RewardCanaryFailed, match=r"shouted on 'quiet' \(canaries\.jsonl:1\): expected 1\.0, got 0\.0"):
         run_validate(config, tmp_path / "bad")
+
+
+def test_the_same_data_gives_the_same_split_digests(tiny_config, tiny_split, tmp_path) -> None:
+    """Each split's MLflow dataset digest is grpoflow's fingerprint of its rows: validating the same data again
+    gives the same digests; the two splits differ."""
+    from tasks.inputs import fingerprint, read_jsonl
+    from tasks.validate import run_validate
+
+    again = run_validate(tiny_config, tmp_path / "again")
+    assert (again.train_digest, again.holdout_digest) == (tiny_split.train_digest, tiny_split.holdout_digest)
+    assert again.train_digest == fingerprint(read_jsonl(again.train_path)) != again.holdout_digest
+    assert {"prompt", "ground_truth", "id"} <= set(again.columns)
