@@ -94,7 +94,8 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
                 probes["sft"] = probe(config, tracker, data.train_path, base_dir, sft_adapter, "sft", gate=True)
             keep_ids = prompts_to_keep(config, probes)
             grpo = grpo_stage(config, tracker, data.train_path, base_dir, sft_adapter, keep_ids)
-            summary["grpo"] = {"steps": grpo.steps, "stopped": grpo.stop}  # a stopped GRPO is still evaluated
+            # a stopped GRPO is still evaluated; "selected": which step's adapter went on, and why
+            summary["grpo"] = {"steps": grpo.steps, "stopped": grpo.stop, "selected": getattr(grpo, "selection", None)}
             reference = champion(config, tracker)
             models = lineup(base_dir, grpo.adapter_dir, sft_adapter, reference)
             evaluation = evaluate(config, tracker, data.holdout_path, models)

@@ -152,8 +152,11 @@ class EvalResult:
 
 
 def holdout_rows(config: PipelineConfig, holdout_path: Path) -> list[dict[str, Any]]:
-    """The first ``evaluation.num_prompts`` hold-out rows (the file order is stable)."""
-    return read_jsonl(holdout_path)[: config.evaluation.num_prompts]
+    """The first ``evaluation.num_prompts`` hold-out rows (the file order is stable); with ``grpo.select: best``,
+    none of the slice GRPO chose its checkpoint on (``tasks.training.holdout.final_holdout_rows``)."""
+    from tasks.training import final_holdout_rows
+
+    return final_holdout_rows(read_jsonl(holdout_path), config)
 
 
 def score_model(

@@ -29,6 +29,8 @@ from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_ta
 from tasks.training import (
     LEDGER_DIR,
     CheckpointMirror,
+    HoldoutEvaluation,
+    HoldoutPatience,
     LedgerCallback,
     LedgerRecorder,
     MetricsHistory,
@@ -36,17 +38,22 @@ from tasks.training import (
     NoneShareGuard,
     RewardNoneLimitExceeded,
     SamplerAgreementGuard,
+    Selection,
     SignalStateSaver,
     SignalStop,
     TrainResult,
     common_trainer_args,
+    holdout_trainer_args,
     load_signal_state,
     lora_config,
     replay_history,
     resumable_checkpoint,
+    select_adapter,
+    slice_for,
     store_for,
     train_and_save,
     train_on_processes,
+    write_selection,
 )
 from tasks.training.nodes import train_on_nodes
 
@@ -131,6 +138,7 @@ def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, re
         temperature=settings.temperature,
         steps_per_generation=settings.steps_per_generation,
         **grpo_loss_args(settings),
+        **holdout_trainer_args(config),
         reward_weights=reward_weights,
         logging_steps=settings.logging_steps,
         lr_scheduler_type="constant",
@@ -145,18 +153,20 @@ def grpo_trainer_class(speedups: str) -> type:
 
     Either one generates through vLLM when it is given a ``vllm_setup`` (``VllmAdapterSync``: adapter-only sync).
 
-    Every one keeps the rollout ledger (``RolloutLedgerMixin``) when it is given one.
+    Every one keeps the rollout ledger (``RolloutLedgerMixin``) when it is given one, and scores the hold-out slice
+    while it trains (``HoldoutEvaluationMixin``) when it is given one.
 
-    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:5]]
-    ['DynamicSamplingMixin', 'RolloutLedgerMixin', 'VllmAdapterSync', 'GRPOTrainer']
+    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:6]]
+    ['HoldoutEvaluationMixin', 'DynamicSamplingMixin', 'RolloutLedgerMixin', 'VllmAdapterSync', 'GRPOTrainer']
     """
     from trl import GRPOTrainer
 
     from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
     from tasks.speedups.rollout_ledger import RolloutLedgerMixin
     from tasks.speedups.vllm_colocate import VllmAdapterSync
+    from tasks.training import HoldoutEvaluationMixin
 
-    mixins = (DynamicSamplingMixin, RolloutLedgerMixin, VllmAdapterSync)
+    mixins = (HoldoutEvaluationMixin, DynamicSamplingMixin, RolloutLedgerMixin, VllmAdapterSync)
     if not speedups_on(speedups):
         return type("StockGRPOTrainer", (*mixins, GRPOTrainer), {})
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
@@ -186,6 +196,7 @@ def run_grpo(
         raise ValueError("no training prompts left for GRPO (did the probe's pass-rate filter drop them all?)")
     tokenizer = load_tokenizer(base_model_dir)
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
+    eval_rows = slice_for(train_path, config) if config.grpo.eval_steps else []
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
     rewards, weights = build_reward_functions(config.rewards)
     settings = config.grpo
@@ -205,6 +216,8 @@ def run_grpo(
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
     ledger = LedgerRecorder(stage_dir / LEDGER_DIR)
+    holdout = HoldoutEvaluation(config, base_model_dir, eval_rows, ledger) if eval_rows else None
+    patience = HoldoutPatience(settings.eval_metric, settings.eval_patience)
     ledger_writer = LedgerCallback(
         ledger,
         settings.ledger_flush_steps,
@@ -213,6 +226,7 @@ def run_grpo(
         settings.log_completions_every,
     )
     trainer = trainer_class(
+        holdout=holdout,
         ledger=ledger,
         backend=engine_name(backend, settings.generation.vllm_mode),
         dynamic_sampling=settings.dynamic_sampling,
@@ -224,6 +238,7 @@ def run_grpo(
         reward_funcs=rewards,
         args=args,
         train_dataset=dataset,
+        eval_dataset=Dataset.from_list(grpo_examples(eval_rows, tokenizer, config)) if holdout else None,
         processing_class=tokenizer,
         peft_config=None if sft_adapter_dir else lora_config(config),
         callbacks=[
@@ -232,6 +247,7 @@ def run_grpo(
             signal_stop,
             SignalStateSaver(pool),
             *([SamplerAgreementGuard(settings.generation.vllm_max_logp_difference)] if backend == "vllm" else []),
+            *([patience] if holdout else []),
             ledger_writer,  # before the callbacks handed in: a checkpoint mirror copies the ledger's copy too
             *callbacks,
         ],
@@ -241,7 +257,7 @@ def run_grpo(
     if trainer.is_world_process_zero():
         ledger.restore(resume_from)  # a fresh ledger, or the checkpoint's: rows of later steps come again
     started = time.perf_counter()
-    replay_history(resume_from, [recorder, signal_stop, *callbacks])
+    replay_history(resume_from, [recorder, signal_stop, patience, *callbacks])
     try:
         steps = train_and_save(trainer, resume_from, settings.max_steps, stage_dir / ADAPTER)
     finally:
@@ -263,9 +279,20 @@ def run_grpo(
                 f"({stats.none_share:.0%} > grpo.max_none_share {settings.max_none_share:.0%}; last error: "
                 f"{stats.last_error}); the run stops before evaluation and promotion"
             )
-    stop = signal_stop.verdict.to_json() if signal_stop.verdict else None
+    selection = None
+    if trainer.is_world_process_zero():
+        selection = select_adapter(config, recorder.history, steps, stage_dir / CHECKPOINTS, stage_dir / ADAPTER)
+        write_selection(stage_dir, selection)
+    verdict = signal_stop.verdict or patience.verdict
     return TrainResult(
-        stage_dir / ADAPTER, steps, time.perf_counter() - started, recorder.history, stop, generated_by=generated_by
+        stage_dir / ADAPTER,
+        steps,
+        time.perf_counter() - started,
+        recorder.history,
+        verdict.to_json() if verdict else None,
+        generated_by=generated_by,
+        selection=selection.to_json() if selection else None,
+        holdout_seconds=holdout.seconds if holdout else 0.0,
     )
 
 
@@ -313,6 +340,8 @@ def grpo_task(
                 completion_sink=lambda step, table: stage.log_table(table, f"completions/step_{step:05d}.json"),
             )
         stage.log_metrics({"train_steps": result.steps, "train_seconds": result.seconds})
+        if result.selection:
+            report_selection(stage, result)
         stage.log_artifact(result.adapter_dir.parent / LEDGER_DIR, LEDGER_DIR)  # the rollout ledger's parts
         if result.generated_by:  # what generated, not what was configured
             stage.set_tags(
@@ -321,6 +350,27 @@ def grpo_task(
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)
         return result
+
+
+def report_selection(stage: Any, result: TrainResult) -> None:
+    """Which step's adapter GRPO handed on and why (``selection.json`` in the stage folder, where promotion's
+    audit reads it; tags), and what the in-training evaluation cost (its seconds and share of the stage)."""
+    selection = result.selection or {}
+    write_selection(stage.dir, Selection(**selection))
+    stage.set_tags(
+        {
+            "grpo.select": selection["select"],
+            "grpo.selected_step": selection["step"],
+            "grpo.selection": selection["reason"][:4000],
+        }
+    )
+    metrics: dict[str, float] = {"selected_step": selection["step"]}
+    if result.holdout_seconds:
+        metrics |= {
+            "holdout_seconds": result.holdout_seconds,
+            "holdout_share": result.holdout_seconds / max(result.seconds, 1e-9),
+        }
+    stage.log_metrics(metrics)
 
 
 def report_stop(stage: Any, run_id: str, verdict: dict[str, Any]) -> None:
@@ -387,7 +437,11 @@ def remote_grpo_task(
             "numbers": {},
         }
     steps, seconds = int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0))
-    return TrainResult(adapter_dir, steps, seconds, stop=stop)
+    selection = None
+    if "grpo.select" in tags:  # the deployment reported which step's adapter it handed back
+        step = int(metrics.get("selected_step", steps))
+        selection = Selection(tags["grpo.select"], step, steps, reason=tags.get("grpo.selection", "")).to_json()
+    return TrainResult(adapter_dir, steps, seconds, stop=stop, selection=selection)
 
 
 def grpo_task_for(config: PipelineConfig) -> Any:

@@ -85,6 +85,8 @@ def rank_main(request_path: Path) -> None:
             "history": result.history,
             "stop": result.stop,
             "generated_by": result.generated_by,
+            "selection": result.selection,
+            "holdout_seconds": result.holdout_seconds,
         }
         (launch_dir / "result.json").write_text(json.dumps(payload))
     leave_process_group(finished=True)

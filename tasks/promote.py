@@ -248,16 +248,21 @@ def reward_audit(config: PipelineConfig, tracker: Tracker, evaluation: EvalResul
     """The reward audit's findings on this run's rollout ledger and evaluation (none without a ledger)."""
     from reward_fns.registry import CORRECTNESS_REWARD
     from tasks.evaluation import audit_rollouts
-    from tasks.training import LEDGER_DIR, read_ledger
+    from tasks.training import LEDGER_DIR, read_ledger, read_selection
 
-    folder = tracker.layout.stage_dir("grpo") / LEDGER_DIR
+    stage_dir = tracker.layout.stage_dir("grpo")
+    folder = stage_dir / LEDGER_DIR
     if not folder.is_dir():
         return []
+    rows = read_ledger(folder)
+    selection = read_selection(stage_dir)
+    if selection is not None and selection.step < selection.last_step:  # the adapter is the one of that step
+        rows = [row for row in rows if row.get("step") is None or row["step"] <= selection.step]
     weights = {spec.name.rsplit(":", 1)[-1]: spec.weight for spec in config.rewards}
     correctness = CORRECTNESS_REWARD.get(config.data.kind)
     role = "reference" if evaluation.of("reference") is not None else "base"
     findings = audit_rollouts(
-        read_ledger(folder), weights, correctness if correctness in weights else None, evaluation.comparison(role)
+        rows, weights, correctness if correctness in weights else None, evaluation.comparison(role)
     )
     for finding in findings:
         logger.warning("reward audit: %s: %s", finding.detector, finding.message)

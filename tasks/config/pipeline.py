@@ -25,6 +25,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from tasks.config.grpo_loss import GRPOLossSettings
+from tasks.config.grpo_steering import GRPOSteeringSettings
 from tasks.config.settings import (
     CanarySettings,
     DataSettings,
@@ -55,6 +56,7 @@ ADDED_LATER = (
     "evaluation.processes",
     "probe.processes",
     *(f"grpo.{name}" for name in GRPOLossSettings.model_fields if name not in ("beta", "loss_type", "scale_rewards")),
+    *(f"grpo.{name}" for name in GRPOSteeringSettings.model_fields),
 )
 
 

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.config.base import Strict as _Strict
 from tasks.config.grpo_loss import GRPOLossSettings, loss_setting_problems
+from tasks.config.grpo_steering import GRPOSteeringSettings, steering_problems
 
 TaskKind = Literal["math", "code", "json", "label", "exact"]
 Precision = Literal["auto", "fp32", "bf16"]
@@ -174,9 +175,11 @@ class SignalStopSettings(_Strict):
     plateau_min_delta: float = Field(0.01, ge=0.0, description="What counts as an improvement of that mean.")
 
 
-class GRPOSettings(GRPOLossSettings):
+class GRPOSettings(GRPOLossSettings, GRPOSteeringSettings):
     """GRPO's run: its length, batches and sampling, generation engine, guards and ledger; the loss and stability
-    settings (``beta``, ``loss_type``, ``epsilon_high``…) come from ``GRPOLossSettings`` under the same keys."""
+    settings (``beta``, ``loss_type``, ``epsilon_high``…) come from ``GRPOLossSettings``, the hold-out evaluation
+    while it trains and the checkpoint it hands on (``eval_steps``, ``select``…) from ``GRPOSteeringSettings``, under
+    the same keys."""
 
     enabled: bool = True
     generation: GenerationSettings = GenerationSettings()
@@ -213,6 +216,7 @@ class GRPOSettings(GRPOLossSettings):
         if server and not generation.vllm_server_base_url:
             raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
         problems = loss_setting_problems(self, may_use_vllm=generation.backend != "transformers")
+        problems += steering_problems(self, self.max_steps, self.checkpoint_steps)
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -10,6 +10,16 @@ from tasks import lazy_surface
 # name -> the module behind this package that defines it
 _EXPORTS = {
     "CompletionSampleLogger": "callbacks",
+    "HoldoutEvaluation": "holdout",
+    "HoldoutEvaluationMixin": "holdout",
+    "HoldoutPatience": "holdout",
+    "Selection": "holdout",
+    "final_holdout_rows": "holdout",
+    "holdout_trainer_args": "holdout",
+    "read_selection": "holdout",
+    "select_adapter": "holdout",
+    "slice_for": "holdout",
+    "write_selection": "holdout",
     "LEDGER_DIR": "ledger",
     "LEDGER_SCHEMA_VERSION": "ledger",
     "LedgerCallback": "ledger",

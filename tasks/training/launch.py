@@ -171,6 +171,8 @@ def train_on_processes(
         result["history"],
         result.get("stop"),
         generated_by=result.get("generated_by"),
+        selection=result.get("selection"),
+        holdout_seconds=result.get("holdout_seconds", 0.0),
     )
 
 

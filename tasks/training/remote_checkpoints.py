@@ -172,9 +172,10 @@ def store_for(where: dict[str, Any]) -> CheckpointStore:
     return MlflowStore(where["tracking_uri"], where["parent_run_id"], stage, nodes, node)
 
 
-def prune(store: CheckpointStore, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` complete checkpoints; returns the names deleted."""
-    old = store.complete()[keep:]
+def prune(store: CheckpointStore, keep: int, protect: str | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` complete checkpoints, and never ``protect`` (the trainer's best checkpoint
+    under ``grpo.select: best``, which its own rotation keeps too); returns the names deleted."""
+    old = [name for name in store.complete()[keep:] if name != protect]
     for name in old:
         store.delete(name)
     return old
@@ -190,8 +191,22 @@ def restore_newest(store: CheckpointStore, checkpoints_dir: Path) -> str | None:
     destination = checkpoints_dir / names[0]
     if not destination.exists():
         store.fetch(names[0], destination)
+    best = best_checkpoint_name(destination)
+    if best and best != names[0] and best in names and not (checkpoints_dir / best).exists():
+        store.fetch(best, checkpoints_dir / best)  # grpo.select best hands on its adapter at the end
     logger.info("restored %s from %s: GRPO continues from it", names[0], store.where)
     return names[0]
+
+
+def best_checkpoint_name(checkpoint: Path) -> str | None:
+    """The best checkpoint a checkpoint's trainer state names (``grpo.select: best``), if any."""
+    import json
+
+    path = checkpoint / "trainer_state.json"
+    if not path.is_file():
+        return None
+    best = json.loads(path.read_text()).get("best_model_checkpoint")
+    return Path(best).name if best else None
 
 
 def clear(store: CheckpointStore) -> None:
@@ -223,7 +238,8 @@ class CheckpointMirror(TrainerCallback):
         if missing:
             logger.warning("%s: %s not written after %.0f s; copied without", checkpoint, missing, self.wait_s)
         self.store.put(checkpoint)
-        pruned = prune(self.store, self.keep) if state.is_world_process_zero else []
+        best = Path(state.best_model_checkpoint).name if getattr(state, "best_model_checkpoint", None) else None
+        pruned = prune(self.store, self.keep, best) if state.is_world_process_zero else []
         logger.info(
             "%s copied to %s%s", checkpoint.name, self.store.where, f" (pruned {', '.join(pruned)})" if pruned else ""
         )

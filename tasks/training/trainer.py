@@ -33,6 +33,8 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     stop: dict[str, Any] | None = None  # GRPO's early-stop verdict (tasks.training.learning_signal.StopVerdict), if any
     generated_by: str | None = None  # GRPO: what generated its samples (GenerationRecord.describe)
+    selection: dict[str, Any] | None = None  # GRPO: which step's adapter went on, and why (holdout.Selection)
+    holdout_seconds: float = 0.0  # GRPO: time spent in the in-training hold-out evaluation
 
     def last(self, key: str) -> float | None:
         """The last logged value of ``key``, if any."""
@@ -78,7 +80,18 @@ class MlflowTrainerCallback(TrainerCallback):
 
 
 # What a person watching the run log wants of each logged step (the rest is in MLflow).
-PROGRESS_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "entropy", "mean_token_accuracy", "train_loss")
+PROGRESS_KEYS = (
+    "loss",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "entropy",
+    "mean_token_accuracy",
+    "train_loss",
+    "eval_holdout_pass_at_1",
+    "eval_holdout_greedy_accuracy",
+    "eval_holdout_reward",
+)
 
 
 def lora_config(config: PipelineConfig) -> Any:

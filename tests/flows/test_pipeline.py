@@ -64,7 +64,8 @@ def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> No
         "trained",
     } <= set(table["columns"])
     ledger = {a.path for a in client.list_artifacts(stages["grpo"].info.run_id, "rollouts")}
-    assert ledger == {f"rollouts/grpo-000001-{tiny_config.grpo.max_steps:06d}.parquet"}
+    # one part per checkpoint: with select best (tiny.yaml), a checkpoint at every evaluation, here every step
+    assert ledger == {f"rollouts/grpo-{s:06d}-{s:06d}.parquet" for s in range(1, tiny_config.grpo.max_steps + 1)}
     assert client.list_artifacts(stages["validate"].info.run_id, "validate/data_docs")
     assert summary["probes"]["sft"]["verdict"].startswith("GRPO goes ahead")
 
@@ -99,6 +100,19 @@ def test_pipeline_runs_every_stage_and_registers_versions(registered_tiny) -> No
         digests["train"],
         digests["holdout"],
     )
+
+    # In-training hold-out scores (tiny.yaml: every step, select best): curves in the GRPO run, the step handed on
+    # named in its tags and the summary, and that checkpoint's adapter is the registered version's, byte for byte.
+    steps = list(range(1, tiny_config.grpo.max_steps + 1))
+    for key in ("eval_holdout_pass_at_1", "eval_holdout_greedy_accuracy", "eval_holdout_reward"):
+        assert [m.step for m in client.get_metric_history(stages["grpo"].info.run_id, key)] == steps
+    selected = summary["grpo"]["selected"]
+    assert selected["select"] == "best" and selected["step"] in steps
+    assert stages["grpo"].data.tags["grpo.selected_step"] == str(selected["step"])
+    grpo_dir = tiny_config.output_dir / "tiny-e2e-1" / "grpo"
+    chosen = (grpo_dir / "checkpoints" / f"checkpoint-{selected['step']}" / "adapter_model.safetensors").read_bytes()
+    registered = Path(client.download_artifacts(version.run_id, "", str(tiny_config.output_dir / "v1")))
+    assert {p.read_bytes() for p in registered.rglob("adapter_model.safetensors")} == {chosen}
 
     # A second run (another seed) registers a second version of each; the built-in task draws its rows from the
     # seed, so other data: other digests, each run's own.

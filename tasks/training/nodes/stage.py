@@ -295,4 +295,6 @@ def train_on_nodes(
         result["history"],
         result.get("stop"),
         generated_by=result.get("generated_by"),
+        selection=result.get("selection"),
+        holdout_seconds=result.get("holdout_seconds", 0.0),
     )

@@ -33,6 +33,32 @@ def test_the_trainer_and_the_mirror_keep_the_same_number(keep: int, tmp_path: Pa
     assert store.complete() == [f"checkpoint-{step}" for step in range(5, 5 - keep, -1)]
 
 
+def test_the_mirror_keeps_the_best_checkpoint_and_a_restore_brings_it_back(tmp_path: Path) -> None:
+    """``grpo.select: best``: the checkpoint the trainer names best stays in the mirror past the newest ``keep``,
+    and a worker that restores the newest also gets the best (its adapter is handed on at the end)."""
+    import json
+
+    from tasks.training import restore_newest
+
+    store = store_for(
+        {"remote_checkpoints": str(tmp_path / "mirror"), "tracking_uri": "", "parent_run_id": "", "run_id": "r"}
+    )
+    mirror = CheckpointMirror(store, keep=2)
+    out = tmp_path / "out"
+    for step in range(1, 6):
+        _checkpoint(out, step)
+        best = str(out / "checkpoint-2") if step >= 2 else None
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"best_model_checkpoint": best}))
+        state = SimpleNamespace(
+            global_step=step, is_world_process_zero=True, is_local_process_zero=True, best_model_checkpoint=best
+        )
+        mirror.on_save(SimpleNamespace(output_dir=str(out)), state, None)
+    assert store.complete() == ["checkpoint-5", "checkpoint-4", "checkpoint-2"]
+    fresh = tmp_path / "fresh"
+    assert restore_newest(store, fresh) == "checkpoint-5"
+    assert sorted(p.name for p in fresh.iterdir()) == ["checkpoint-2", "checkpoint-5"]
+
+
 def test_the_default_keeps_two() -> None:
     assert PipelineConfig().orchestration.keep_checkpoints == 2
 

@@ -1,0 +1,64 @@
+"""GRPO's steering settings: hold-out accuracy while it trains (every ``eval_steps``), which checkpoint it hands on
+(``select``: the last, or the best by that score), and an early stop when the score stops improving; with the rules
+that refuse a combination that cannot work. The evaluation itself: ``tasks/training/holdout.py``.
+Must not import: torch, transformers, TRL, Prefect, MLflow (loading a config is static)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tasks.config.base import Strict
+
+EvalMetric = Literal["pass_at_1", "greedy_accuracy", "reward"]
+
+
+class GRPOSteeringSettings(Strict):
+    """The part of ``grpo`` that watches the hold-out split while GRPO trains (docs/steering.md)."""
+
+    eval_steps: int = Field(
+        0,
+        ge=0,
+        description="Every N steps (and at the last), score a fixed slice of the hold-out split with the policy being "
+        "trained, through the engine that generates (0: never).",
+    )
+    eval_prompts: int = Field(
+        32,
+        ge=1,
+        description="The slice: the last N hold-out rows. With select best, the final evaluation leaves them out.",
+    )
+    eval_samples: int = Field(2, ge=1, description="Sampled completions per prompt (beside one greedy) per evaluation.")
+    eval_metric: EvalMetric = Field(
+        "pass_at_1",
+        description="The score that picks the best checkpoint and drives eval_patience: sampled pass@1, greedy "
+        "accuracy, or the mean weighted reward of the samples (moves where accuracy is still 0).",
+    )
+    select: Literal["last", "best"] = Field(
+        "last",
+        description="The adapter GRPO hands to evaluation and promotion: the last step's, or the checkpoint with the "
+        "highest in-training score (ties: the earlier; needs eval_steps and checkpoint_steps).",
+    )
+    eval_patience: int = Field(
+        0, ge=0, description="Stop when the score has not improved for this many evaluations in a row (0: never)."
+    )
+
+
+def steering_problems(settings: GRPOSteeringSettings, max_steps: int, checkpoint_steps: int) -> list[str]:
+    """Why these settings cannot work as written; empty when they can.
+
+    >>> steering_problems(GRPOSteeringSettings(select="best"), max_steps=30, checkpoint_steps=10)
+    ['select best picks among in-training evaluations: set eval_steps (e.g. 10)']
+    >>> steering_problems(GRPOSteeringSettings(eval_steps=10, select="best"), max_steps=30, checkpoint_steps=10)
+    []
+    """
+    problems = []
+    if settings.select == "best" and not settings.eval_steps:
+        problems.append("select best picks among in-training evaluations: set eval_steps (e.g. 10)")
+    if settings.select == "best" and not checkpoint_steps:
+        problems.append("select best hands on a saved checkpoint: set checkpoint_steps above 0")
+    if settings.eval_patience and not settings.eval_steps:
+        problems.append("eval_patience counts in-training evaluations: set eval_steps")
+    if settings.eval_steps > max_steps:
+        problems.append(f"eval_steps ({settings.eval_steps}) exceeds max_steps ({max_steps}): it would never evaluate")
+    return problems
