@@ -242,7 +242,9 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
     from flows.pipeline import pipeline
 
     output = tmp_path_factory.mktemp("registered") / "outputs"
-    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output)})
+    # With the hold-out scored at every GRPO step and the best checkpoint handed on (docs/steering.md).
+    steering = {"grpo.eval_steps": 1, "grpo.eval_prompts": 8, "grpo.select": "best"}
+    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(output), **steering})
     return config, pipeline(config, "tiny-e2e-1")
 
 

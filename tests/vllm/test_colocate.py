@@ -28,7 +28,10 @@ def test_tiny_pipeline_on_vllm_colocate_registers_a_version_and_says_vllm_genera
     tmp_path: Path, make_vllm_config: Any
 ) -> None:
     threads = torch.get_num_threads()
-    config = make_vllm_config(tmp_path / "outputs")
+    # the hold-out scored through vLLM at every GRPO step, the best checkpoint handed on
+    config = make_vllm_config(
+        tmp_path / "outputs", **{"grpo.eval_steps": 1, "grpo.eval_prompts": 8, "grpo.select": "best"}
+    )
     summary = pipeline(config, "vllm-colocate")
     assert summary["promotion"]["version"] == "1"
     grpo = stage_runs(config, "vllm-colocate")["grpo"].data
@@ -41,8 +44,11 @@ def test_tiny_pipeline_on_vllm_colocate_registers_a_version_and_says_vllm_genera
     from tasks.training import read_ledger
 
     ledger = read_ledger(config.output_dir / "vllm-colocate" / "grpo" / "rollouts")
-    assert len(ledger) == config.grpo.batch_size * config.grpo.max_steps
-    assert {row["backend"] for row in ledger} == {"vllm-colocate"}
+    assert len([row for row in ledger if row["role"] == "grpo"]) == config.grpo.batch_size * config.grpo.max_steps
+    assert {row["backend"] for row in ledger} == {"vllm-colocate"}  # GRPO's samples and the hold-out's
+    evals = [row for row in ledger if row["role"] == "eval"]
+    assert sorted({row["step"] for row in evals}) == list(range(1, config.grpo.max_steps + 1))
+    assert "eval_holdout_pass_at_1" in grpo.metrics and summary["grpo"]["selected"]["select"] == "best"
     # vLLM's CPU worker replaced torch.set_num_threads with a no-op in this process; grpoflow put torch's back.
     assert torch.get_num_threads() == threads
     torch.set_num_threads(1)

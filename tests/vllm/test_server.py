@@ -32,7 +32,8 @@ def _server_config(make_vllm_config: Any, output_dir: Path, url: str, **override
 
 def test_tiny_pipeline_against_a_real_server(vllm_server: Any, tmp_path: Path, make_vllm_config: Any) -> None:
     vllm_server.ensure_up()
-    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url)
+    steering = {"grpo.eval_steps": 1, "grpo.eval_prompts": 8, "grpo.select": "best"}  # hold-out through the server
+    config = _server_config(make_vllm_config, tmp_path / "outputs", vllm_server.url, **steering)
     summary = pipeline(config, "vllm-server")
     assert summary["promotion"]["version"] == "1"
     client = client_for(config.resolved_tracking_uri())
@@ -43,6 +44,7 @@ def test_tiny_pipeline_against_a_real_server(vllm_server: Any, tmp_path: Path, m
         "vllm-server: 2 batches"
     )
     assert grpo.metrics["sampling/sampling_logp_difference/mean"] < 1e-4
+    assert "eval_holdout_pass_at_1" in grpo.metrics and summary["grpo"]["selected"]["select"] == "best"
     # Every result names its engine: the evaluation, its stage run, the registered version.
     assert summary["evaluation"]["engine"] == "vllm-server"
     evaluate = next(r for r in runs if r.data.tags.get("grpoflow.stage") == "evaluate").data
