@@ -28,6 +28,7 @@ VARIANTS: dict[str, dict] = {
     "cispo": {"loss_type": "cispo"},
     "dapo clip-higher": {"epsilon_high": 0.28},
     "dapo, no in-training eval": {"eval_steps": 0, "select": "last"},
+    "dapo, num_iterations 2": {"num_iterations": 2},  # what the second pass over each batch costs
 }
 
 

@@ -27,8 +27,12 @@ def _two_processes(tiny_config: PipelineConfig, name: str, **changes) -> Pipelin
 @pytest.mark.xdist_group("ranks")  # runs of two processes, one after the other on one worker
 def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) -> None:
     config = _two_processes(tiny_config, "tiny-two-processes")
+    # rank 0 scores the hold-out at every step while rank 1 waits for its numbers; both save the best checkpoint
+    steering = {"eval_steps": 1, "eval_prompts": 8, "select": "best"}
+    config = config.model_copy(update={"grpo": config.grpo.model_copy(update=steering)})
     summary = pipeline(config, "tiny-ddp")
     assert summary["promotion"]["version"] == "1"  # a registered version
+    assert summary["grpo"]["selected"]["select"] == "best" and summary["grpo"]["selected"]["step"] in (1, 2)
     client = MlflowClient(config.resolved_tracking_uri())
     experiment = client.get_experiment_by_name(config.tracking.experiment_name)
     runs = client.search_runs([experiment.experiment_id], "tags.grpoflow.run_id = 'tiny-ddp'")
@@ -38,6 +42,9 @@ def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) 
         loss = client.get_metric_history(stage_runs[0].info.run_id, "loss")
         assert sorted(m.step for m in loss) == list(range(1, steps + 1)), stage  # each step logged once
         assert stage_runs[0].data.metrics["train_steps"] == steps
+        if stage == "grpo":  # the hold-out's numbers, once per step (from rank 0)
+            scored = client.get_metric_history(stage_runs[0].info.run_id, "eval_holdout_pass_at_1")
+            assert sorted(m.step for m in scored) == list(range(1, steps + 1))
     for stage in ("sft", "grpo"):  # every rank ended cleanly: none aborted at exit after its work
         exit_file = config.output_dir / "tiny-ddp" / stage / "launch" / "exit.json"
         assert json.loads(exit_file.read_text()) == {"returncode": 0}, stage
