@@ -16,7 +16,14 @@ from prefect import flow
 from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.grpo import grpo_task
-from tasks.layout import CHECKPOINTS, HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, RemoteGrpoRequest
+from tasks.layout import (
+    CHECKPOINTS,
+    HANDOFF_GRPO_ADAPTER,
+    HANDOFF_SFT_ADAPTER,
+    HANDOFF_TRAIN,
+    HOLDOUT_FILE,
+    RemoteGrpoRequest,
+)
 from tasks.tracking import Tracker, handoff_download, handoff_upload
 from tasks.training import clear, restore_newest, store_for
 
@@ -42,6 +49,10 @@ def grpo_remote_flow(
     try:
         inputs = workdir / "inputs"
         train_path = handoff_download(tracking_uri, parent_run_id, request.train_artifact, inputs)
+        if settings.grpo.eval_steps:  # the hold-out file, beside the train file (the in-training evaluation's)
+            holdout = handoff_download(tracking_uri, parent_run_id, f"{HANDOFF_TRAIN}/{HOLDOUT_FILE}", inputs)
+            if holdout != train_path.with_name(HOLDOUT_FILE):
+                holdout.replace(train_path.with_name(HOLDOUT_FILE))
         sft_adapter = (
             handoff_download(tracking_uri, parent_run_id, HANDOFF_SFT_ADAPTER, inputs) if has_sft_adapter else None
         )

@@ -21,6 +21,7 @@ from tasks.layout import (
     HANDOFF_GRPO_ADAPTER,
     HANDOFF_SFT_ADAPTER,
     HANDOFF_TRAIN,
+    HOLDOUT_FILE,
     RemoteGrpoRequest,
 )
 from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_backend, pipeline_engine_spec
@@ -399,6 +400,8 @@ def remote_grpo_task(
     from prefect.deployments import run_deployment
 
     handoff_upload(tracker, train_path, HANDOFF_TRAIN)
+    if config.grpo.eval_steps and train_path.with_name(HOLDOUT_FILE).is_file():  # the in-training evaluation's
+        handoff_upload(tracker, train_path.with_name(HOLDOUT_FILE), HANDOFF_TRAIN)
     if sft_adapter_dir is not None:
         handoff_upload(tracker, sft_adapter_dir, HANDOFF_SFT_ADAPTER)
     request = RemoteGrpoRequest(

@@ -16,7 +16,7 @@ from tasks.config import DataSettings, PipelineConfig
 from tasks.errors import GateStop, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
 from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
-from tasks.layout import write_atomically
+from tasks.layout import HOLDOUT_FILE, write_atomically
 from tasks.tracking import Tracker, log_splits, prefect_task, publish_markdown, tracked_stage, validated_splits
 
 
@@ -187,7 +187,7 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     holdout = [row for row, side in zip(kept, sides, strict=True) if side]
     result = ValidateResult(
         train_path=stage_dir / "train.jsonl",
-        holdout_path=stage_dir / "holdout.jsonl",
+        holdout_path=stage_dir / HOLDOUT_FILE,
         quarantine_path=stage_dir / "quarantine.jsonl",
         report_path=stage_dir / "report.json",
         rows_in=len(raw_rows),

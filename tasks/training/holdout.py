@@ -26,11 +26,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tasks.layout import HOLDOUT_FILE
 from tasks.training.learning_signal import StopVerdict
 
 logger = logging.getLogger(__name__)
 
-HOLDOUT_FILE = "holdout.jsonl"  # validate writes it beside train.jsonl; the slice travels with the train file
 PREFIX = "eval_holdout_"
 SELECTION_FILE = "selection.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")

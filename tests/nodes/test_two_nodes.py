@@ -45,8 +45,12 @@ def stage_runs(config: PipelineConfig, run_id: str) -> dict[str, list]:
 
 def test_the_tiny_pipeline_trains_on_two_nodes(tiny_config: PipelineConfig, mlflow_server: dict) -> None:
     config = two_nodes(tiny_config, mlflow_server, "tiny-two-nodes", 29431)
+    # The hold-out file travels to the nodes with the train file; rank 0 scores it at every step, the rest wait.
+    steering = {"eval_steps": 1, "eval_prompts": 8, "select": "best"}
+    config = config.model_copy(update={"grpo": config.grpo.model_copy(update=steering)})
     summary = pipeline(config, "tiny-nodes")
     assert summary["promotion"]["version"] == "1"
+    assert summary["grpo"]["selected"]["select"] == "best"
     client = MlflowClient(mlflow_server["uri"])
     runs = stage_runs(config, "tiny-nodes")
     for stage, steps in (("sft", config.sft.max_steps), ("grpo", config.grpo.max_steps)):
@@ -55,6 +59,9 @@ def test_the_tiny_pipeline_trains_on_two_nodes(tiny_config: PipelineConfig, mlfl
         loss = client.get_metric_history(run.info.run_id, "loss")
         assert sorted(m.step for m in loss) == list(range(1, steps + 1)), stage  # each step logged once
         assert run.data.tags["nodes"] == "2"
+        if stage == "grpo":
+            scored = client.get_metric_history(run.info.run_id, "eval_holdout_pass_at_1")
+            assert sorted(m.step for m in scored) == list(range(1, steps + 1))
         for node in (0, 1):
             folder = Path(client.download_artifacts(run.info.run_id, f"launch/nodes/node-{node}"))
             assert json.loads((folder / "exit.json").read_text())["returncode"] == 0, (stage, node)

@@ -94,6 +94,10 @@ def prepare_node(
     returns the config and the request's path."""
     inputs = node_dir / "inputs"
     train_path = artifacts.fetch(f"{INPUTS}/{request['train_file']}", inputs)
+    if request.get("holdout_file"):  # beside the train file, where GRPO's in-training evaluation reads it
+        fetched = artifacts.fetch(f"{INPUTS}/{request['holdout_file']}", inputs)
+        if fetched != train_path.with_name(request["holdout_file"]):
+            fetched.replace(train_path.with_name(request["holdout_file"]))
     sft_adapter = artifacts.fetch(f"{INPUTS}/sft-adapter", inputs) if request.get("sft_adapter") else None
     base_model = base_model_for(request, artifacts, inputs, node)
     config = request["config"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from tasks.config import PipelineConfig
 from tasks.errors import UserError
-from tasks.layout import ADAPTER
+from tasks.layout import ADAPTER, HOLDOUT_FILE
 from tasks.tracking import RUN_ID_TAG
 from tasks.training.launch import TrainingProcessError, reported_error
 from tasks.training.ledger import LEDGER_DIR
@@ -89,6 +89,10 @@ def send_request(
     source = config.model.source
     shipped = Path(source).expanduser().is_dir()  # a local folder: other machines may not have it
     artifacts.put(train_path, f"{INPUTS}/{train_path.name}")
+    holdout = train_path.with_name(HOLDOUT_FILE)  # GRPO's in-training evaluation reads it beside the train file
+    ships_holdout = stage == "grpo" and bool(config.grpo.eval_steps) and holdout.is_file()
+    if ships_holdout:
+        artifacts.put(holdout, f"{INPUTS}/{HOLDOUT_FILE}")
     if sft_adapter_dir is not None:
         artifacts.put(sft_adapter_dir, f"{INPUTS}/sft-adapter")
     if shipped:
@@ -98,6 +102,7 @@ def send_request(
         artifacts.put(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
     request = {
         "stage": stage,
+        "holdout_file": HOLDOUT_FILE if ships_holdout else None,
         "config": config.model_dump(mode="json"),
         "train_file": train_path.name,
         "sft_adapter": sft_adapter_dir is not None,
