@@ -283,6 +283,7 @@ def promote_task(
     ``grpoflow.run.promotion-rejected``."""
     from tasks.models import resolve_model_source
     from tasks.registry import save_version_model, version_card
+    from tasks.training import read_selection
 
     case = replace(PromotionCase.from_evaluation(evaluation), audit=tuple(reward_audit(config, tracker, evaluation)))
     name = config.tracking.registered_model_name
@@ -290,6 +291,7 @@ def promote_task(
     lock = promotion_lock(tracker.tracking_uri, name, settings.promotion_lease_s, settings.promotion_lock_timeout_s)
     with tracked_stage(tracker, "promote") as stage, lock:
         base_dir = resolve_model_source(config.model.source, config.model.revision)
+        selection = read_selection(tracker.layout.stage_dir("grpo"))  # which GRPO step's adapter this is
 
         def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
             if role == "candidate" and case.audit:
@@ -307,6 +309,7 @@ def promote_task(
                 evaluation=evaluation,
                 decision=decision,
                 run_id=tracker.run_id,
+                selection=selection if role == "candidate" else None,
             )
             destination = stage.dir / f"{role}-model"
             folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
@@ -316,6 +319,7 @@ def promote_task(
             **lineage(config, tracker, data),
             "promote_run_id": stage.run_id,
             "evaluation_engine": evaluation.engine,  # the engine behind the version's metric tags
+            **({"grpo_select": selection.select, "grpo_selected_step": selection.step} if selection else {}),
         }
         result = run_promote(
             stage, name, case, config.promotion, tags, adapter_dir, sft_adapter_dir, evaluation.of("sft"), package

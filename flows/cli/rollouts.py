@@ -79,7 +79,10 @@ def rollouts(
     max_value: Annotated[float | None, typer.Option("--max", help="Reward at most this.")] = None,
     prompt_id: Annotated[str | None, typer.Option("--prompt-id", help="Only this prompt.")] = None,
     grep: Annotated[str | None, typer.Option(help="Text in the prompt or completion.")] = None,
-    role: Annotated[str | None, typer.Option(help="grpo (default), probe_base, probe_sft, eval_grpo, ...")] = "grpo",
+    role: Annotated[
+        str | None,
+        typer.Option(help="grpo (default), eval (GRPO's in-training hold-out), probe_base, probe_sft, eval_grpo, ..."),
+    ] = "grpo",
     worst: Annotated[int | None, typer.Option(help="The N groups with the lowest mean reward.")] = None,
     best: Annotated[int | None, typer.Option(help="The N groups with the highest mean reward.")] = None,
     diff: Annotated[tuple[int, int] | None, typer.Option(help="STEP_A STEP_B: the same prompts early, late.")] = None,

@@ -87,9 +87,11 @@ def version_card(
     evaluation: Any,
     decision: str,
     run_id: str,
+    selection: Any = None,
 ) -> tuple[str, str]:
     """The card of the version holding the model that had ``role`` in the evaluation (``candidate``: the final
-    adapter; ``sft``: the SFT-stage backup), as markdown with Hub front matter; and its one-paragraph summary."""
+    adapter; ``sft``: the SFT-stage backup), as markdown with Hub front matter; and its one-paragraph summary.
+    ``selection``: which GRPO step's adapter it is and why (``tasks.training.Selection``), when recorded."""
     from huggingface_hub import ModelCard, ModelCardData
 
     scores = evaluation.of(role)
@@ -128,6 +130,11 @@ def version_card(
             f"temperature {config.grpo.temperature:g}), learning rate {config.grpo.learning_rate:g}, "
             f"beta {config.grpo.beta:g}, loss `{config.grpo.loss_type}`"
             + "".join(f", `{name}` {value}" for name, value in changed_settings(config.grpo).items())
+            + (
+                f"\n- the adapter of GRPO step {selection.step} of {selection.last_step}: {selection.reason}"
+                if selection
+                else ""
+            )
             if role == "candidate"
             else "- GRPO: continued this adapter into the main version"
         )
