@@ -25,7 +25,7 @@ def _format_errors(error: ValidationError) -> str:
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"]) or "(top level)"
         hint = _did_you_mean(item["loc"]) if item["type"] == "extra_forbidden" else ""
-        lines.append(f"  {path}: {item['msg']}{hint}")
+        lines.append(f"  {path}: {item['msg'].removeprefix('Value error, ')}{hint}")
     return "\n".join(lines)
 
 
