@@ -23,7 +23,7 @@ from prefect import flow  # noqa: E402
 import tasks  # noqa: E402,F401  (telemetry off)
 from reward_fns.registry import build_reward_functions  # noqa: E402
 from tasks.config import load_config  # noqa: E402
-from tasks.grpo import grpo_examples, grpo_task, run_grpo  # noqa: E402
+from tasks.grpo import grpo_examples, grpo_task, grpo_training_args, run_grpo  # noqa: E402
 from tasks.layout import RunLayout  # noqa: E402
 from tasks.models import (  # noqa: E402
     load_policy,
@@ -31,14 +31,14 @@ from tasks.models import (  # noqa: E402
     resolve_model_source,  # noqa: E402
 )
 from tasks.tracking import finish_pipeline, start_pipeline  # noqa: E402
-from tasks.training import common_trainer_args, lora_config  # noqa: E402
+from tasks.training import lora_config  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
 
 def plain_trl(config, train_path: Path, base: Path, out: Path) -> tuple[float, list[float]]:
     """What a user would write with TRL alone: the same arguments, no Prefect, no MLflow, no callbacks."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from tasks.inputs import read_jsonl
 
@@ -46,22 +46,8 @@ def plain_trl(config, train_path: Path, base: Path, out: Path) -> tuple[float, l
     tokenizer = load_tokenizer(base)
     dataset = Dataset.from_list(grpo_examples(read_jsonl(train_path), tokenizer, config))
     rewards, weights = build_reward_functions(config.rewards)
-    g = config.grpo
-    args = GRPOConfig(
-        **{**common_trainer_args(config, out), "disable_tqdm": True},
-        max_steps=g.max_steps,
-        learning_rate=g.learning_rate,
-        per_device_train_batch_size=g.batch_size,
-        num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length,
-        temperature=g.temperature,
-        beta=g.beta,
-        loss_type=g.loss_type,
-        scale_rewards=g.scale_rewards,
-        reward_weights=weights,
-        logging_steps=1,
-        lr_scheduler_type="constant",
-    )
+    args = grpo_training_args(config, out, "transformers", weights)  # the stage's own GRPOConfig, identical
+    args.disable_tqdm = True
     trainer = GRPOTrainer(
         model=load_policy(base, None),
         reward_funcs=rewards,
