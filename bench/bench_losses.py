@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, dict] = {
     "dapo": {},
@@ -39,6 +41,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the demo's)")
     parser.add_argument("--only", default="", help="comma-separated variant names")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml", help="tiny.yaml: a smoke run")
+    parser.add_argument(
+        "--every",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a grpo setting for every variant, e.g. num_iterations=2 (off-policy: the clip and the weights act)",
+    )
     options = parser.parse_args()
     out = options.out or Path(tempfile.mkdtemp(prefix="bench-losses-"))
 
@@ -60,11 +69,12 @@ def main() -> None:
         sft = run_sft(demo, split.train_path, base, out / "sft").adapter_dir
         print(json.dumps({"bench": "losses", "sft_seconds": round(time.perf_counter() - started, 1)}), flush=True)
     chosen = [name for name in options.only.split(",") if name] or list(VARIANTS)
+    every = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in options.every)}
     runs: dict[str, dict] = {}
     adapters: dict[str, Path] = {}
     for name in chosen:
         config = PipelineConfig.model_validate(
-            {**demo.model_dump(), "grpo": {**demo.grpo.model_dump(), **VARIANTS[name]}}
+            {**demo.model_dump(), "grpo": {**demo.grpo.model_dump(), **every, **VARIANTS[name]}}
         )
         folder = out / name.replace(" ", "-").replace(",", "")
         result = run_grpo(config, split.train_path, base, sft, folder)
