@@ -174,6 +174,8 @@ def check_config(args: argparse.Namespace, scratch: Path) -> Any:
             "grpo.max_completion_length": args.completion_tokens,
             "grpo.speedups": args.speedups,
             "grpo.checkpoint_steps": 0,
+            "grpo.eval_steps": 0,  # the step timer times training only (the demo scores its hold-out slice)
+            "grpo.select": "last",
             "grpo.log_completions_every": 0,
             "grpo.stop.dead_signal_steps": 0,
             "grpo.stop.entropy_steps": 0,

@@ -120,6 +120,9 @@ def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, re
     from trl import GRPOConfig
 
     settings = config.grpo
+    checkpoint_steps = settings.checkpoint_steps
+    if settings.select == "best" and not checkpoint_steps:  # saves at the evaluations only (transformers keeps
+        checkpoint_steps = settings.max_steps + 1  # the best checkpoint with a "steps" save strategy alone)
     loss_changes = changed_settings(settings)
     logger.info(
         "GRPO loss: %s%s",
@@ -130,7 +133,7 @@ def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, re
         logger.info("GRPO: the vLLM importance-sampling settings are not used: %s generates", backend)
     return GRPOConfig(
         **generation_args(settings.generation, backend),
-        **common_trainer_args(config, stage_dir / CHECKPOINTS, config.grpo.checkpoint_steps),
+        **common_trainer_args(config, stage_dir / CHECKPOINTS, checkpoint_steps),
         max_steps=settings.max_steps,
         learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.batch_size,

@@ -37,28 +37,26 @@ class GRPOSteeringSettings(Strict):
     select: Literal["last", "best"] = Field(
         "last",
         description="The adapter GRPO hands to evaluation and promotion: the last step's, or the checkpoint with the "
-        "highest in-training score (ties: the earlier; needs eval_steps and checkpoint_steps).",
+        "highest in-training score (ties: the earlier; needs eval_steps; every evaluation step is then a checkpoint, "
+        "also with checkpoint_steps 0).",
     )
     eval_patience: int = Field(
         0, ge=0, description="Stop when the score has not improved for this many evaluations in a row (0: never)."
     )
 
 
-def steering_problems(settings: GRPOSteeringSettings, max_steps: int, checkpoint_steps: int) -> list[str]:
-    """Why these settings cannot work as written; empty when they can.
+def steering_problems(settings: GRPOSteeringSettings) -> list[str]:
+    """Why these settings cannot work as written; empty when they can. (``eval_steps`` above ``max_steps`` is no
+    error: the last step is always evaluated, so a short run scores once.)
 
-    >>> steering_problems(GRPOSteeringSettings(select="best"), max_steps=30, checkpoint_steps=10)
+    >>> steering_problems(GRPOSteeringSettings(select="best"))
     ['select best picks among in-training evaluations: set eval_steps (e.g. 10)']
-    >>> steering_problems(GRPOSteeringSettings(eval_steps=10, select="best"), max_steps=30, checkpoint_steps=10)
+    >>> steering_problems(GRPOSteeringSettings(eval_steps=10, select="best"))
     []
     """
     problems = []
     if settings.select == "best" and not settings.eval_steps:
         problems.append("select best picks among in-training evaluations: set eval_steps (e.g. 10)")
-    if settings.select == "best" and not checkpoint_steps:
-        problems.append("select best hands on a saved checkpoint: set checkpoint_steps above 0")
     if settings.eval_patience and not settings.eval_steps:
         problems.append("eval_patience counts in-training evaluations: set eval_steps")
-    if settings.eval_steps > max_steps:
-        problems.append(f"eval_steps ({settings.eval_steps}) exceeds max_steps ({max_steps}): it would never evaluate")
     return problems

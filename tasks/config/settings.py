@@ -216,7 +216,7 @@ class GRPOSettings(GRPOLossSettings, GRPOSteeringSettings):
         if server and not generation.vllm_server_base_url:
             raise ValueError("grpo.generation.vllm_mode 'server' needs grpo.generation.vllm_server_base_url")
         problems = loss_setting_problems(self, may_use_vllm=generation.backend != "transformers")
-        problems += steering_problems(self, self.max_steps, self.checkpoint_steps)
+        problems += steering_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
