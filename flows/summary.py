@@ -47,6 +47,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     stopped = (summary.get("grpo") or {}).get("stopped")
     if stopped:
         console.print(f"GRPO stopped early at step {stopped['step']} ({stopped['cause']}): {stopped['message']}")
+    selected = (summary.get("grpo") or {}).get("selected")
+    if selected and selected.get("select") == "best":  # which step's adapter "grpo" below is
+        console.print(
+            f"GRPO handed on the adapter of step {selected['step']} of {selected['last_step']}: {selected['reason']}"
+        )
     evaluation = summary.get("evaluation")
     if evaluation:
         engine = evaluation.get("engine", "transformers")
