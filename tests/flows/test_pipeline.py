@@ -195,6 +195,7 @@ def test_dead_signal_stops_grpo_which_still_goes_to_evaluation_and_promotion(
     assert grpo_run.data.tags["grpo.stopped"] == "dead_signal" and grpo_run.data.metrics["stopped_at_step"] == 3
 
 
+@pytest.mark.pretrained
 @pytest.mark.xdist_group("smollm2")  # one worker converts SmolLM2 for both tests that need it
 def test_humaneval_config_stops_smollm2_at_the_base_probe(tmp_path: Path) -> None:
     """configs/humaneval.yaml on real data and the real SmolLM2: every sampled program runs in the sandbox, none

@@ -101,6 +101,7 @@ def test_base_results_are_cached_by_model_and_set_fingerprint(tiny_model_dir) ->
     assert first.qa_correct == again.qa_correct and first.doc_nll == again.doc_nll
 
 
+@pytest.mark.pretrained
 @pytest.mark.xdist_group("smollm2")
 @pytest.mark.parametrize("noise", [1.0])
 def test_smollm2_loses_general_qa_beyond_the_tolerance_when_damaged(tmp_path, noise) -> None:
