@@ -4,9 +4,14 @@ The final ``\\boxed{}`` is the answer. Gold answers are parsed once per distinct
 gold and the boxed answer are plain decimal numbers they are compared exactly, which is what math-verify
 concludes for them too, without its parse (``bench/bench_math_reward.py`` measures the difference). A plain
 number may group its thousands by commas (``12,345``, as math-verify reads them) or by spaces or thin spaces
-(``12 345``, ``12\\,345``: grpoflow's rule, since math-verify adds the groups: ``1 234`` → 235); any other comma
-or space (``4, 5``, ``2,5``, ``0,111``, ``7 8``) is left to math-verify. A gold that math-verify's LaTeX parser
-reads only in part is not judged (None), never scored against the fragment.
+(``12 345``, ``12\\,345``: grpoflow's rule, since math-verify adds the groups: ``1 234`` → 235). One comma after a
+first group of four digits or more can only be a decimal comma (``1000,99`` = 1000.99, as math-verify's own tests
+read it; its LaTeX parser, which TRL's reward uses, makes a set of it); any other comma or space (``4, 5``,
+``2,5``, ``0,111``, ``7 8``) is left to math-verify. Upright constants and operators (``\\mathrm{e}``,
+``\\mathrm{i}``, ``\\mathrm{d}x``, ``\\mathrm{sin}``) are written the way math-verify parses them whole
+(``upright_to_math``) before either side is parsed: math-verify cuts ``1 - \\frac{1}{\\mathrm{e}}`` short at the
+``\\mathrm``. A gold that math-verify's LaTeX parser reads only in part is not judged (None), never scored
+against the fragment.
 Must not import: Prefect, MLflow, torch, ``tasks``.
 """
 
@@ -30,6 +35,8 @@ _PLAIN_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 # Thousands groups: a first group of 1-3 digits (not a lone 0), then groups of exactly three, one separator
 # throughout: a comma (also LaTeX's ``{,}``), a space, or a thin space (``\,``, ``\ ``, ``~``).
 _GROUPED_NUMBER = re.compile(r"^[+-]?[1-9]\d{0,2}(?P<sep>,|\{,\}| |\\,|\\ |~)\d{3}(?:(?P=sep)\d{3})*(\.\d+)?$")
+# One comma after four digits or more: no thousands group starts with four digits, so a decimal comma.
+_DECIMAL_COMMA = re.compile(r"^[+-]?\d{4,},\d+$")
 _TIMEOUT_SECONDS = 5
 
 
@@ -38,12 +45,16 @@ def plain_number(text: str) -> Decimal | None:
 
     >>> plain_number("1,234"), plain_number(" -7.50 "), plain_number("12 345"), plain_number("\\\\frac{1}{2}")
     (Decimal('1234'), Decimal('-7.50'), Decimal('12345'), None)
-    >>> [plain_number(t) for t in ["4, 5", "2,5", "0,111", "1,22", "7 8", "1,234 567"]]
-    [None, None, None, None, None, None]
+    >>> plain_number("1000,99"), plain_number("-12345,6")  # no thousands group has four digits: a decimal comma
+    (Decimal('1000.99'), Decimal('-12345.6'))
+    >>> [plain_number(t) for t in ["4, 5", "2,5", "0,111", "1,22", "7 8", "1,234 567", "1000,99,5"]]
+    [None, None, None, None, None, None, None]
     """
     candidate = text.strip()
     if grouped := _GROUPED_NUMBER.match(candidate):
         candidate = candidate.replace(grouped["sep"], "")
+    elif _DECIMAL_COMMA.match(candidate):
+        candidate = candidate.replace(",", ".")
     if not _PLAIN_NUMBER.match(candidate):
         return None
     try:
@@ -79,6 +90,49 @@ def is_prose(answer: str) -> bool:
     return len(words) >= 2 or any(len(w) >= 3 for w in words)
 
 
+# LaTeX's operator names: ``\\mathrm{sin}`` is ``\\sin``.
+_OPERATOR_NAMES = frozenset(
+    """sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh coth log ln lg exp det gcd max min arg deg dim
+    ker lim sup inf""".split()  # noqa: SIM905
+)
+_UPRIGHT = re.compile(
+    r"\\(?:mathrm|operatorname|textrm|mathup|rm)\s*"  # an upright command, then its braced name or one bare letter
+    r"(?:\{\s*(?P<braced>\\?[A-Za-z]+)\s*\}|(?P<bare>[A-Za-z]))"
+)
+_DIFFERENTIAL_NEXT = re.compile(r"\s*(?:[A-Za-z]|\\[A-Za-z])")
+
+
+def upright_to_math(latex: str) -> str:
+    r"""``latex`` with its upright constants and operators written as math-verify reads them: ``\mathrm{e}`` → ``e``
+    (Euler's number), ``\mathrm{i}`` → ``i``, ``\mathrm{d}`` before a variable → ``d`` (a differential),
+    ``\mathrm{\pi}`` → ``\pi``, ``\mathrm{sin}`` or ``\operatorname{sin}`` → ``\sin``. Anything else upright (a unit
+    such as ``\mathrm{cm}``, a ``d`` that is a day) is left as it is.
+
+    >>> upright_to_math(r"1 - \frac{1}{\mathrm{e}}"), upright_to_math(r"\mathrm{e}^{\mathrm{i} \pi}")
+    ('1 - \\frac{1}{e}', 'e^{i \\pi}')
+    >>> upright_to_math(r"\int x \,\mathrm{d}x"), upright_to_math(r"5\mathrm{d}"), upright_to_math(r"\mathrm{sin}x")
+    ('\\int x \\,dx', '5\\mathrm{d}', '\\sin x')
+    >>> upright_to_math(r"3\,\mathrm{cm}"), upright_to_math(r"\operatorname{ln} 2"), upright_to_math(r"\rm e")
+    ('3\\,\\mathrm{cm}', '\\ln  2', 'e')
+    """
+    if "\\" not in latex:
+        return latex
+
+    def replace(match: re.Match[str]) -> str:
+        name = match["braced"] or match["bare"]
+        if name in ("e", "i"):
+            return name
+        if name == "\\pi":
+            return "\\pi "  # ``\\mathrm{\\pi}x`` is ``\\pi x``, not ``\\pix``
+        if name == "d":
+            return "d" if _DIFFERENTIAL_NEXT.match(latex, match.end()) else match[0]
+        if name in _OPERATOR_NAMES:
+            return f"\\{name} "
+        return match[0]
+
+    return _UPRIGHT.sub(replace, latex)
+
+
 def _timeout() -> int | None:
     # math-verify's timeouts use SIGALRM, which only the main thread may set.
     return _TIMEOUT_SECONDS if threading.current_thread() is threading.main_thread() else None
@@ -102,7 +156,7 @@ def partial_parse(text: str) -> str | None:
     if parse_gold(text):
         return None
     try:
-        fragment = load_math_verify().parse(f"${text}$", parsing_timeout=_timeout())
+        fragment = load_math_verify().parse(f"${upright_to_math(text)}$", parsing_timeout=_timeout())
     except Exception:
         return None
     values = [item for item in fragment if not isinstance(item, str)]
@@ -121,7 +175,8 @@ def parse_gold(gold: str) -> tuple[Any, ...]:
     try:
         math_verify = load_math_verify()
         config = [math_verify.LatexExtractionConfig()]
-        parsed = tuple(math_verify.parse(f"${gold}$", extraction_config=config, parsing_timeout=_timeout()))
+        latex = upright_to_math(gold)
+        parsed = tuple(math_verify.parse(f"${latex}$", extraction_config=config, parsing_timeout=_timeout()))
     except Exception:
         return ()
     return parsed if any(not isinstance(item, str) for item in parsed) else ()
@@ -131,7 +186,8 @@ def _parse_boxed(answer: str) -> list[Any]:
     math_verify = load_math_verify()
     config = [math_verify.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
     try:
-        return math_verify.parse(f"\\boxed{{{answer}}}", extraction_config=config, parsing_timeout=_timeout())
+        latex = upright_to_math(answer)
+        return math_verify.parse(f"\\boxed{{{latex}}}", extraction_config=config, parsing_timeout=_timeout())
     except Exception:
         return []
 
