@@ -11,7 +11,9 @@ Must not import: Prefect, MLflow, torch, ``tasks`` (the config's reward specs ar
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import json
 import logging
 import sys
@@ -25,6 +27,7 @@ from typing import Any
 from reward_fns.code import code_passes, code_tests
 from reward_fns.format import boxed_format, tag_count, think_answer_format
 from reward_fns.json_schema import json_match, json_schema
+from reward_fns.judges import JUDGES, VerdictCache, build_judge
 from reward_fns.label import exact_match, label_match
 from reward_fns.length import length_closeness, repetition_penalty
 from reward_fns.math import boxed_match, load_math_verify, math_accuracy
@@ -80,14 +83,15 @@ def reward_columns(rows: Sequence[Mapping[str, Any]], repeat: int = 1) -> dict[s
 
 
 def check_reward_name(name: str) -> None:
-    """Raise ValueError for a name that is neither built in nor an importable ``module:function`` path."""
-    if name in REWARD_FUNCTIONS:
+    """Raise ValueError for a name that is neither built in (a function or a judge: ``llm_judge``,
+    ``reward_model``) nor an importable ``module:function`` path."""
+    if name in REWARD_FUNCTIONS or name in JUDGES:
         return
     if ":" in name:
         module, _, attribute = name.partition(":")
         if module and attribute.isidentifier():
             return
-    known = ", ".join(sorted(REWARD_FUNCTIONS))
+    known = ", ".join(sorted([*REWARD_FUNCTIONS, *JUDGES]))
     raise ValueError(f"unknown reward function {name!r}; known: {known}; or give 'package.module:function'")
 
 
@@ -95,6 +99,8 @@ def resolve_reward(name: str, path: str | Path | None = None) -> RewardFunction:
     """The function behind a built-in name or an import path such as ``my_pkg.rewards:score``; ``path`` (a
     folder) is put on ``sys.path`` first."""
     check_reward_name(name)
+    if name in JUDGES:
+        raise ValueError(f"{name} is a judge: it is built from its args (build_reward_functions), not imported")
     if name in REWARD_FUNCTIONS:  # looked up in its module now, so a patched or reloaded module is what runs
         function = REWARD_FUNCTIONS[name]
         return getattr(sys.modules.get(function.__module__), function.__name__, function)
@@ -150,25 +156,43 @@ class IsolatedReward:
         self.time_budget_s = time_budget_s
         self.stats = RewardStats()
         self.last_batch: dict[str, list[Any]] = {}
+        call = getattr(function, "__call__", None)  # noqa: B004 - a judge object's async __call__ counts too
+        self.is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+    def _call(self, completions: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """The function's rewards; an async function (a judge) runs to its end in an event loop of its own, and
+        with a time budget it is cancelled at the budget (its requests with it)."""
+        result = self.function(completions=completions, **kwargs)
+        if inspect.isawaitable(result):
+
+            async def bounded() -> Any:
+                return await asyncio.wait_for(result, self.time_budget_s)
+
+            result = asyncio.run(bounded())
+        return list(result)
 
     def _run(self, completions: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-        """Call the function; with a time budget, in a daemon thread that is abandoned when the budget runs out
-        (a thread cannot be killed, and a hung call must hold up neither training nor the process's exit).
-        Works off the main thread, unlike SIGALRM-based timeouts."""
-        if self.time_budget_s is None:
-            return list(self.function(completions=completions, **kwargs))
+        """Call the function; with a time budget (or when it is async), in a daemon thread that is abandoned when
+        the budget runs out (a thread cannot be killed, and a hung call must hold up neither training nor the
+        process's exit). Works off the main thread, unlike SIGALRM-based timeouts, and beside a running event loop.
+        """
+        if self.time_budget_s is None and not self.is_async:
+            return self._call(completions, kwargs)
         outcome: dict[str, Any] = {}
 
         def call() -> None:
             try:
-                outcome["rewards"] = list(self.function(completions=completions, **kwargs))
+                outcome["rewards"] = self._call(completions, kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 outcome["error"] = exc
 
         worker = threading.Thread(target=call, name=f"reward-{self.__name__}", daemon=True)
         worker.start()
-        worker.join(self.time_budget_s)
+        # An async reward is cancelled inside its loop at the budget; the join waits a little longer for that.
+        worker.join(None if self.time_budget_s is None else self.time_budget_s + (5 if self.is_async else 0))
         if worker.is_alive():
+            raise TimeoutError(f"exceeded its time budget of {self.time_budget_s:g} s")
+        if isinstance(outcome.get("error"), TimeoutError | asyncio.TimeoutError):
             raise TimeoutError(f"exceeded its time budget of {self.time_budget_s:g} s")
         if "error" in outcome:
             raise outcome["error"]
@@ -185,6 +209,9 @@ class IsolatedReward:
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
             logger.warning("reward %s failed on a batch of %d: %s", self.__name__, len(completions), exc)
             rewards = [None] * len(completions)
+        judge_error = getattr(getattr(self.function, "stats", None), "last_error", None)
+        if judge_error and any(r is None for r in rewards):
+            self.stats.last_error = judge_error  # a judge answers None itself: its reason, for the None guard
         self.stats.seconds += time.perf_counter() - started
         self.stats.scored += len(rewards)
         self.stats.none += sum(r is None for r in rewards)
@@ -200,8 +227,11 @@ class IsolatedReward:
         return [None if r is None else float(r) for r in rewards]
 
 
-def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], list[float]]:
-    """Reward callables and their weights from config specs (``RewardSpec`` objects or plain dicts)."""
+def build_reward_functions(
+    specs: Sequence[Any], verdict_cache: VerdictCache | None = None
+) -> tuple[list[IsolatedReward], list[float]]:
+    """Reward callables and their weights from config specs (``RewardSpec`` objects or plain dicts); judges
+    (``llm_judge``, ``reward_model``) are built from their ``args`` and share ``verdict_cache``."""
     functions: list[IsolatedReward] = []
     weights: list[float] = []
     # math-verify is imported at first use; here, in the caller's thread, not inside a reward call's time budget
@@ -211,7 +241,11 @@ def build_reward_functions(specs: Sequence[Any]) -> tuple[list[IsolatedReward], 
         item = spec if isinstance(spec, Mapping) else spec.model_dump()
         name = item["name"]
         label = name.rsplit(":", 1)[-1]
-        function = resolve_reward(name, item.get("path"))
-        functions.append(IsolatedReward(label, function, item.get("args") or {}, item.get("timeout_s")))
+        if name in JUDGES:  # its args are its settings, not keyword arguments of each call
+            judge = build_judge(name, item.get("args") or {}, verdict_cache)
+            functions.append(IsolatedReward(label, judge, {}, item.get("timeout_s")))
+        else:
+            function = resolve_reward(name, item.get("path"))
+            functions.append(IsolatedReward(label, function, item.get("args") or {}, item.get("timeout_s")))
         weights.append(float(item.get("weight", 1.0)))
     return functions, weights

@@ -1,4 +1,4 @@
-"""Helpers shared by reward functions: completion text and boxed-answer extraction.
+"""Helpers shared by reward functions: completion text, boxed-answer extraction, the question a prompt asks.
 Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
@@ -58,3 +58,31 @@ def last_boxed(text: str) -> str | None:
     """
     contents = boxed_contents(text)
     return contents[-1].strip() if contents else None
+
+
+_TURNS = (  # (where a user turn starts, where it ends) in the chat templates grpoflow meets
+    ("<|im_start|>user\n", "<|im_end|>"),  # ChatML (SmolLM2, Qwen)
+    ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),  # Llama 3
+    ("[INST]", "[/INST]"),  # Mistral, Llama 2
+)
+
+
+def question_of(prompt: Any) -> str:
+    """What the user asked in a prompt (a ledger row's, or the rendered prompt TRL hands a reward): the last user
+    turn of a rendered chat (or of a message list), else the prompt itself; the chat template's wrapping, the same
+    on every row, is left out.
+
+    >>> question_of("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nWhat is 2+3?<|im_end|>\\n"
+    ...             "<|im_start|>assistant\\n")
+    'What is 2+3?'
+    >>> question_of([{"role": "user", "content": "Name a prime."}]), question_of("plain text")
+    ('Name a prime.', 'plain text')
+    """
+    if isinstance(prompt, list):
+        users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1]).strip() if users else str(prompt)
+    text = str(prompt)
+    for start, end in _TURNS:
+        if start in text:
+            return text.rsplit(start, 1)[1].split(end, 1)[0].strip()
+    return text.strip()

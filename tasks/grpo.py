@@ -14,6 +14,7 @@ from typing import Any
 
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
 from tasks.config import GenerationSettings, PipelineConfig, changed_settings, grpo_loss_args
+from tasks.evaluation import verdict_cache
 from tasks.inputs import read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,
@@ -202,7 +203,7 @@ def run_grpo(
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
     eval_rows = slice_for(train_path, config) if config.grpo.eval_steps else []
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
-    rewards, weights = build_reward_functions(config.rewards)
+    rewards, weights = build_reward_functions(config.rewards, verdict_cache(config.rewards))
     settings = config.grpo
     backend = pipeline_backend(config)
     logger.info(

@@ -141,6 +141,7 @@ def check_reward_canaries(config: PipelineConfig, stage_dir: Path) -> dict[str, 
     Rewards no canary names are listed as unchecked."""
     from reward_fns.canaries import CanaryFileError, check_canaries, kind_canaries, load_canaries
     from reward_fns.registry import build_reward_functions
+    from tasks.evaluation import verdict_cache
 
     report: dict[str, Any] = {"enabled": config.canaries.enabled}
     if not config.canaries.enabled:
@@ -151,7 +152,7 @@ def check_reward_canaries(config: PipelineConfig, stage_dir: Path) -> dict[str, 
             cases += load_canaries(Path(config.canaries.file))
     except (CanaryFileError, OSError) as exc:
         raise UserError(f"canaries.file: {exc}") from exc
-    rewards, _ = build_reward_functions(config.rewards)
+    rewards, _ = build_reward_functions(config.rewards, verdict_cache(config.rewards))
     disagreements = check_canaries(rewards, config.rewards, cases)
     checked = {r.__name__: sum(r.__name__ in case["expect"] for case in cases) for r in rewards}
     report.update(

@@ -120,6 +120,21 @@ def tiny_model_dir() -> Path:
     return resolve_model_source(TINY_RANDOM)
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sequence-classification reward model (one label) on the tiny model's body and tokenizer, random head,
+    built once: what a user's reward model folder holds."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("reward-model")
+    config = AutoConfig.from_pretrained(tiny_model_dir, num_labels=1)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path) -> PipelineConfig:
     """configs/tiny.yaml with its outputs (and so its SQLite MLflow store) in a temp dir."""

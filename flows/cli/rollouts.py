@@ -157,16 +157,23 @@ def rescore(
     changed: agreement with the training reward, groups turned (un)informative, the advantages' correlation.
     The reward's canaries run first."""
     from reward_fns.canaries import check_canaries, kind_canaries
+    from reward_fns.judges import JUDGES
     from reward_fns.registry import build_reward_functions
     from tasks.errors import UserError
-    from tasks.evaluation import rescore_report, reward_kwargs
+    from tasks.evaluation import rescore_report, reward_kwargs, verdict_cache
 
     cfg = config_from(None, set_, config)
     rows = [r for r in ledger_rows(run, cfg, tracking_uri) if r.get("role") == "grpo"]
     if not rows:
         raise UserError(f"the ledger of {run!r} holds no GRPO samples")
-    spec = {"name": reward, "path": str(path) if path else None, "weight": weight}
-    functions, _ = build_reward_functions([spec])
+    configured = [s for s in cfg.rewards if s.name == reward]
+    # A reward the run was configured with keeps its args (a judge's endpoint, rubric and model: its identity in
+    # the verdict cache, so the same judge answers from the cache instead of asking again).
+    spec = configured[0].model_dump() if configured and path is None else {"name": reward, "weight": weight}
+    spec["path"] = str(path) if path else spec.get("path")
+    if reward in JUDGES and not configured:
+        raise UserError(f"{reward} is a judge: re-score with one the run's config sets up (its rewards: args)")
+    functions, _ = build_reward_functions([spec], verdict_cache([spec]))
     function = functions[0]
     name = function.__name__
     problems = check_canaries(functions, [spec], kind_canaries(cfg.data.kind))
@@ -180,4 +187,8 @@ def rescore(
     )
     weights = {(s.name.rsplit(":", 1)[-1]): s.weight for s in cfg.rewards}
     report = rescore_report(rows, name, values, weights, weights.get(name, weight), cfg.grpo.scale_rewards)
+    judge_stats = getattr(function.function, "stats", None)
+    if judge_stats is not None:  # a judge: how many verdicts the cache gave and how many it had to ask for
+        report["judge"] = {"from_cache": judge_stats.cached, "asked": judge_stats.asked}
+        report["judge"]["requests"] = getattr(judge_stats, "requests", judge_stats.asked)
     console.print(json.dumps(report, indent=2, default=str), soft_wrap=True)

@@ -91,6 +91,14 @@ class RewardSpec(_Strict):
         check_reward_name(name)
         return name
 
+    @model_validator(mode="after")
+    def _judge_args(self) -> RewardSpec:
+        from reward_fns.judges import JUDGES, check_judge_args
+
+        if self.name in JUDGES:
+            check_judge_args(self.name, self.args)  # every wrong key named at load, not at the first batch
+        return self
+
 
 class LoraSettings(_Strict):
     r: int = Field(16, ge=1)

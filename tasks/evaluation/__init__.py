@@ -15,6 +15,7 @@ _EXPORTS = {
     "DEFAULT_QUESTIONS": "forgetting",
     "GeneralAbility": "forgetting",
     "fingerprint": "cache",
+    "verdict_cache": "cache",
     "forgetting_items": "jobs",
     "Completions": "jobs",
     "JobShare": "jobs",

@@ -4,6 +4,7 @@ same hold-out prompts (the base and SFT models of a second run, a re-run with th
 its completions are read back and scored as if just generated, so the evaluation table is the same to the bit.
 Rewards are always recomputed (they are cheap, and a changed reward must show). Files live under
 ``<cache>/evaluation`` (``GRPOFLOW_CACHE``, default ``~/.cache/grpoflow``), one JSON file per model and setting.
+The judges' verdicts are cached beside them (``verdict_cache``).
 Must not import: Prefect, MLflow, the stages.
 """
 
@@ -12,8 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from reward_fns.judges import VerdictCache
 
 logger = logging.getLogger(__name__)
 
@@ -186,3 +190,15 @@ def sample_for_evaluation(
             {"sequences": stats.sequences, "new_tokens": stats.new_tokens, "seconds": stats.seconds},
         )
     return greedy, sampled
+
+
+def verdict_cache(specs: Sequence[Any]) -> VerdictCache | None:
+    """The verdict cache judged rewards share across runs (``<cache>/verdicts/verdicts.sqlite3``), when ``specs``
+    (the config's rewards) hold a judge; None otherwise (a program's verdict costs less than its lookup)."""
+    from reward_fns.judges import JUDGES
+    from tasks.models import cache_dir
+
+    names = [spec["name"] if isinstance(spec, dict) else spec.name for spec in specs]
+    if not any(name in JUDGES for name in names):
+        return None
+    return VerdictCache(cache_dir() / "verdicts" / "verdicts.sqlite3")

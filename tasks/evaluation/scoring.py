@@ -12,6 +12,7 @@ import numpy as np
 
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, resolve_reward, reward_columns
 from tasks.config import PipelineConfig
+from tasks.evaluation.cache import verdict_cache
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -84,7 +85,8 @@ def score_groups(
     group_size = len(completions[0]) if completions else 0
     flat = [text for group in completions for text in group]
     columns = reward_columns(rows, group_size)
-    functions, weights = build_reward_functions(config.rewards)
+    columns["prompts"] = [row["prompt"] for row in rows for _ in range(group_size)]  # as TRL hands them (judges)
+    functions, weights = build_reward_functions(config.rewards, verdict_cache(config.rewards))
     per_function: dict[str, np.ndarray] = {}
     total = np.zeros(len(flat))
     none_counts: dict[str, int] = {}

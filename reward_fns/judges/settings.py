@@ -1,0 +1,132 @@
+"""The settings of judged rewards, read from a reward's ``args`` in the config and checked at load.
+
+``rewards: [{name: llm_judge, args: {url: ..., model: ...}}]`` — every key below, nothing else (a misspelled key is
+an error that names it). Must not import: ``tasks``, ``flows``, Prefect, MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_RUBRIC = (
+    "Judge whether the response answers the task correctly, completely and concisely. A response that is wrong, "
+    "off-task, padded, or that repeats these instructions scores low."
+)
+
+POINTWISE_TEMPLATE = """You grade a response to a task against a rubric.
+
+Rubric: {rubric}
+
+Task:
+{prompt}
+{reference_block}
+Response:
+{completion}
+
+Give the response a score from 0 (worst) to {max_score} (best). Answer with the number only."""
+
+PAIRWISE_TEMPLATE = """You compare two responses to a task against a rubric.
+
+Rubric: {rubric}
+
+Task:
+{prompt}
+
+Response A:
+{first}
+
+Response B:
+{second}
+
+Which response is better? Answer with the letter A or B only."""
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LLMJudgeSettings(_Settings):
+    """An LLM judge over an OpenAI-compatible ``/chat/completions`` endpoint (vLLM's server, or any URL)."""
+
+    url: str = Field(description="The endpoint's base URL, e.g. http://127.0.0.1:8001/v1.")
+    model: str = Field(description="The served model's name.")
+    model_digest: str | None = Field(
+        None,
+        description="The judge model's content digest (grpoflow vllm-serve --judge prints it): part of the verdict "
+        "cache's key, so a changed judge behind the same name is asked again. Default: the model's name.",
+    )
+    mode: Literal["pointwise", "pairwise"] = Field(
+        "pointwise",
+        description="pointwise: a 0..max_score score; pairwise: against a reference completion, both orders "
+        "(1 both won, 0.5 split, 0 both lost).",
+    )
+    rubric: str = DEFAULT_RUBRIC
+    template: str | None = Field(
+        None,
+        description="The judge's prompt; placeholders {rubric} {prompt} {completion} {reference_block} {max_score} "
+        "(pairwise: {rubric} {prompt} {first} {second}). Default: grpoflow's.",
+    )
+    reference_column: str | None = Field(
+        "ground_truth", description="The data column shown as the reference answer (pointwise), where rows have it."
+    )
+    reference_completion_column: str = Field(
+        "reference_completion", description="pairwise: the column holding the completion to compare against."
+    )
+    max_score: int = Field(10, ge=1, le=100)
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(8, ge=1)
+    structured_outputs: bool = Field(
+        True,
+        description="Constrain the answer to the allowed scores or letters with vLLM's structured_outputs (vLLM "
+        "0.31 ignores the old guided_* fields); off for endpoints that refuse unknown fields.",
+    )
+    api_key_env: str | None = Field(None, description="The environment variable holding the API key (never the key).")
+    max_concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    max_retries: int = Field(3, ge=0, description="Retries of a request that failed to connect or got 429/5xx.")
+    backoff_s: float = Field(0.5, ge=0.0, description="The first retry's wait; doubled for each next one.")
+    request_timeout_s: float = Field(30.0, gt=0)
+    deadline_s: float = Field(
+        300.0, gt=0, description="A batch's verdicts not in by then are None (counted by grpo.max_none_share)."
+    )
+
+    @model_validator(mode="after")
+    def _template_fits(self) -> LLMJudgeSettings:
+        if self.template is not None:
+            needed = ("{first}", "{second}") if self.mode == "pairwise" else ("{completion}",)
+            missing = [name for name in needed if name not in self.template]
+            if missing:
+                raise ValueError(f"the {self.mode} judge's template needs {', '.join(missing)}")
+        return self
+
+    def identity(self) -> dict[str, object]:
+        """What decides a verdict besides its prompt and completion: the verdict cache's key (the URL is left
+        out: the same judge on another host gives the same verdicts)."""
+        return {
+            "kind": "llm_judge",
+            "model": self.model_digest or self.model,
+            "mode": self.mode,
+            "template": self.template or (PAIRWISE_TEMPLATE if self.mode == "pairwise" else POINTWISE_TEMPLATE),
+            "rubric": self.rubric,
+            "max_score": self.max_score,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "structured_outputs": self.structured_outputs,
+        }
+
+
+class RewardModelSettings(_Settings):
+    """A sequence-classification reward model, scored in the trainer's process."""
+
+    model: str = Field(
+        description="A folder holding the model and its tokenizer (a Hub id where the Hub is reachable)."
+    )
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(1024, ge=8, description="Prompt and completion are cut to this many tokens (left side).")
+    normalize: Literal["sigmoid", "none"] = Field(
+        "sigmoid", description="sigmoid: the score as a probability in (0, 1); none: the raw logit."
+    )
+    label: int = Field(
+        1, ge=0, description="With two or more labels, the index whose probability is the reward (softmax)."
+    )

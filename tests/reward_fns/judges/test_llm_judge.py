@@ -1,0 +1,126 @@
+"""The LLM judge against an endpoint on loopback: verdicts, the fixed answer form, the cache, the seed, and every
+way a judge fails (down, slow, garbage, flaky) turning into None verdicts the pipeline counts, not a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import time
+
+import pytest
+
+from reward_fns.judges import LLMJudge, LLMJudgeSettings, VerdictCache
+from reward_fns.registry import IsolatedReward, build_reward_functions
+
+
+def _judge(server, cache=None, **settings) -> LLMJudge:
+    return LLMJudge(LLMJudgeSettings(url=server.url, model="judge", backoff_s=0.01, **settings), cache)
+
+
+PROMPTS = ["What is 6*7?", "What is 2+2?", "What is 3*3?"]
+COMPLETIONS = ["It is 42.", "It is 5.", "Nine: 9"]
+GOLD = ["42", "4", "9"]
+
+
+def test_pointwise_verdicts_read_the_reference_and_fix_the_answer_form(judge_server) -> None:
+    judge = _judge(judge_server)
+    verdicts = asyncio.run(judge(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD))
+    assert verdicts == [1.0, 0.2, 1.0]
+    first = next(r for r in judge_server.requests if "What is 6*7?" in r["messages"][0]["content"])
+    assert first["structured_outputs"] == {"choice": [str(s) for s in range(11)]}
+    assert "Reference answer:\n42\n" in first["messages"][0]["content"]
+    assert judge.stats.requests == 3 and judge.stats.asked == 3 and judge.stats.none == 0
+
+
+def test_the_same_item_carries_the_same_seed_and_is_asked_once_per_batch(judge_server) -> None:
+    judge = _judge(judge_server)
+    asyncio.run(judge(completions=["It is 42.", "It is 42."], prompts=[PROMPTS[0]] * 2, ground_truth=["42"] * 2))
+    asyncio.run(_judge(judge_server)(completions=["It is 42."], prompts=[PROMPTS[0]], ground_truth=["42"]))
+    seeds = [request["seed"] for request in judge_server.requests]
+    assert len(seeds) == 2 and seeds[0] == seeds[1]  # one request per distinct item; a new judge, the same seed
+
+
+def test_cached_verdicts_are_not_asked_again_across_objects_and_processes(judge_server, tmp_path) -> None:
+    path = tmp_path / "verdicts.sqlite3"
+    first = asyncio.run(
+        _judge(judge_server, VerdictCache(path))(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)
+    )
+    asked = len(judge_server.requests)
+    rerun = pickle.loads(pickle.dumps(_judge(judge_server, VerdictCache(path))))  # how a reward reaches a worker
+    assert asyncio.run(rerun(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)) == first
+    assert len(judge_server.requests) == asked and rerun.stats.cached == 3 and rerun.stats.requests == 0
+    other_rubric = _judge(judge_server, VerdictCache(path), rubric="Only brevity counts.")
+    asyncio.run(other_rubric(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD))
+    assert len(judge_server.requests) == asked + 3  # another rubric is another judge: asked again
+
+
+def test_a_judge_that_is_down_gives_none_after_its_retries(judge_server) -> None:
+    url = judge_server.url.replace(judge_server.url.rsplit(":", 1)[1].split("/")[0], "9")  # nothing listens on 9
+    judge = LLMJudge(LLMJudgeSettings(url=url, model="judge", max_retries=2, backoff_s=0.01))
+    reward = IsolatedReward("llm_judge", judge, time_budget_s=30)
+    assert reward(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD) == [None, None, None]
+    assert judge.stats.requests == 9 and "ConnectError" in judge.stats.last_error
+    assert reward.stats.none == 3 and reward.stats.errors == 0
+
+
+def test_a_slow_judge_is_cut_at_its_deadline_and_a_hung_one_at_the_reward_budget(judge_server) -> None:
+    judge_server.mode, judge_server.delay_s = "slow", 3.0
+    judge = _judge(judge_server, deadline_s=0.5)
+    started = time.perf_counter()
+    assert asyncio.run(judge(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)) == [None] * 3
+    assert time.perf_counter() - started < 2.5 and "deadline" in judge.stats.last_error
+    reward = IsolatedReward("llm_judge", _judge(judge_server), time_budget_s=0.5)
+    started = time.perf_counter()
+    assert reward(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD) == [None] * 3
+    assert time.perf_counter() - started < 2.5 and "time budget" in reward.stats.last_error
+
+
+@pytest.mark.parametrize("mode", ["garbage", "html"])
+def test_an_answer_that_cannot_be_read_is_none_not_a_guess(judge_server, mode: str) -> None:
+    judge_server.mode = mode
+    judge = _judge(judge_server)
+    assert asyncio.run(judge(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)) == [None] * 3
+    assert judge.stats.requests == 3  # an answer is not retried: the server answered
+
+
+def test_a_flaky_judge_is_retried_with_backoff(judge_server) -> None:
+    judge_server.mode, judge_server.failures_left = "flaky", 2
+    judge = _judge(judge_server, max_concurrency=1)
+    assert asyncio.run(judge(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1])) == [1.0]
+    assert judge.stats.requests == 3
+
+
+def test_pairwise_asks_both_orders_and_a_position_bias_splits_the_verdict(judge_server) -> None:
+    kwargs = {"completions": ["a good answer", "a poor answer"], "prompts": ["Q"] * 2}
+    kwargs["reference_completion"] = ["a plain answer"] * 2
+    judge = _judge(judge_server, mode="pairwise")
+    assert asyncio.run(judge(**kwargs)) == [1.0, 0.0]
+    assert [r["structured_outputs"] for r in judge_server.requests[:1]] == [{"choice": ["A", "B"]}]
+    assert len(judge_server.requests) == 4 and judge.stats.split == 0
+    judge_server.answer = lambda payload: "A"  # a judge that always prefers the first position
+    biased = _judge(judge_server, mode="pairwise")
+    assert asyncio.run(biased(**kwargs)) == [0.5, 0.5] and biased.stats.split == 2
+    with pytest.raises(ValueError, match="reference_completion"):
+        asyncio.run(judge(completions=["x"], prompts=["Q"]))
+
+
+def test_the_reward_wrapper_awaits_an_async_judge_instead_of_returning_coroutines(judge_server) -> None:
+    """Without its async path every verdict would be a coroutine, read as None."""
+    specs = [{"name": "llm_judge", "args": {"url": judge_server.url, "model": "judge"}, "timeout_s": 30}]
+    (reward,), _ = build_reward_functions(specs)
+    assert reward.is_async and reward.__name__ == "llm_judge"
+    assert reward(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD) == [1.0, 0.2, 1.0]
+
+    async def inside_a_running_loop():  # Prefect and notebooks call from an event loop
+        return reward(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)
+
+    assert asyncio.run(inside_a_running_loop()) == [1.0, 0.2, 1.0]
+
+
+def test_judge_args_are_checked_when_the_config_loads() -> None:
+    from tasks.config import RewardSpec
+
+    with pytest.raises(ValueError, match="llm_judge args: url: Field required; temprature: Extra inputs"):
+        RewardSpec(name="llm_judge", args={"model": "j", "temprature": 0.5})
+    with pytest.raises(ValueError, match="pairwise judge's template needs {first}, {second}"):
+        RewardSpec(name="llm_judge", args={"url": "u", "model": "j", "mode": "pairwise", "template": "{completion}"})
