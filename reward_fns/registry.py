@@ -204,14 +204,14 @@ class IsolatedReward:
             rewards = self._run(completions, {**kwargs, **self.args})
             if len(rewards) != len(completions):
                 raise ValueError(f"returned {len(rewards)} rewards for {len(completions)} completions")
+            judge_error = getattr(getattr(self.function, "stats", None), "last_error", None)
+            if judge_error and any(r is None for r in rewards):
+                self.stats.last_error = judge_error  # a judge answers None itself: its reason, for the None guard
         except Exception as exc:  # a user's reward must not stop training: count it and judge nothing
             self.stats.errors += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
             logger.warning("reward %s failed on a batch of %d: %s", self.__name__, len(completions), exc)
             rewards = [None] * len(completions)
-        judge_error = getattr(getattr(self.function, "stats", None), "last_error", None)
-        if judge_error and any(r is None for r in rewards):
-            self.stats.last_error = judge_error  # a judge answers None itself: its reason, for the None guard
         self.stats.seconds += time.perf_counter() - started
         self.stats.scored += len(rewards)
         self.stats.none += sum(r is None for r in rewards)

@@ -5,6 +5,7 @@ Must not import: a stage, torch or Prefect at import; must not hold service logi
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,6 +98,13 @@ def vllm_serve(
         Path | None,
         typer.Option(help="A file holding the API key (default: VLLM_API_KEY_FILE, else VLLM_API_KEY)."),
     ] = None,
+    judge: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve this model as an LLM judge instead (a folder, a model source such as "
+            "smollm2-135m-instruct, or a Hub id), named 'judge', without LoRA; prints the llm_judge reward's args."
+        ),
+    ] = None,
 ) -> None:
     """Serve the config's base model with vLLM for grpo.generation.vllm_mode: server. Adapters are loaded at run
     time (LoRA on, the config's dtype and context length); the folders GRPO writes must be readable here (same
@@ -123,7 +131,25 @@ def vllm_serve(
         )
     url = cfg.grpo.generation.vllm_server_base_url
     port = port or (urlparse(url).port if url else None) or 8000
-    command, env = pipeline_server_command(cfg, resolve_model_source(cfg.model.source), host, port)
+    if judge is not None:
+        from reward_fns.judges import model_digest
+        from tasks.models.sampling import judge_server_command
+
+        judge_dir = resolve_model_source(judge)
+        command, env, on_cpu = judge_server_command(cfg, judge_dir, host, port)
+        reachable = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        judge_args = {
+            "url": f"http://{reachable}:{port}/v1",
+            "model": "judge",
+            "model_digest": model_digest(str(judge_dir)),
+        }
+        if on_cpu:  # vLLM's CPU engine dies on a per-request seed (docs/judges.md): the cache keeps reruns equal
+            judge_args["seed_requests"] = False
+        if api_key:
+            judge_args["api_key_env"] = "VLLM_API_KEY"
+        console.print(f"llm_judge args: {json.dumps(judge_args)}", soft_wrap=True)
+    else:
+        command, env = pipeline_server_command(cfg, resolve_model_source(cfg.model.source), host, port)
     if print_only:
         console.print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(command), soft_wrap=True)
         return
@@ -151,7 +177,8 @@ def vllm_serve(
         except VllmServerUnavailable as exc:
             what = "did not answer within 600 s" if process.poll() is None else f"exited ({process.poll()})"
             raise VllmServerUnavailable(f"vLLM {what} before it answered on {url}: its log is {log_path}") from exc
-        console.print(f"vLLM server up on {url} (grpo.generation.vllm_server_base_url); Ctrl-C stops it")
+        what = "the llm_judge reward's url: /v1" if judge else "grpo.generation.vllm_server_base_url"
+        console.print(f"vLLM server up on {url} ({what}); Ctrl-C stops it")
         code = process.wait()
     except KeyboardInterrupt:
         code = None

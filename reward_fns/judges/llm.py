@@ -135,8 +135,9 @@ class LLMJudge:
             "messages": messages,
             "temperature": settings.temperature,
             "max_tokens": settings.max_tokens,
-            "seed": seed,
         }
+        if settings.seed_requests:
+            payload["seed"] = seed
         if settings.structured_outputs:
             choices = ["A", "B"] if settings.mode == "pairwise" else [str(s) for s in range(settings.max_score + 1)]
             payload["structured_outputs"] = {"choice": choices}

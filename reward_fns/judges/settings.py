@@ -82,6 +82,12 @@ class LLMJudgeSettings(_Settings):
         description="Constrain the answer to the allowed scores or letters with vLLM's structured_outputs (vLLM "
         "0.31 ignores the old guided_* fields); off for endpoints that refuse unknown fields.",
     )
+    seed_requests: bool = Field(
+        True,
+        description="Send each request a seed drawn from its verdict's key, so a sampling vLLM server answers the "
+        "same item the same way; off for vLLM's CPU build, whose engine dies on a per-request seed "
+        "(grpoflow vllm-serve --judge prints it off there). Either way the verdict cache keeps a rerun's verdicts.",
+    )
     api_key_env: str | None = Field(None, description="The environment variable holding the API key (never the key).")
     max_concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
     max_retries: int = Field(3, ge=0, description="Retries of a request that failed to connect or got 429/5xx.")
@@ -113,6 +119,7 @@ class LLMJudgeSettings(_Settings):
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "structured_outputs": self.structured_outputs,
+            "seed_requests": self.seed_requests,
         }
 
 

@@ -215,6 +215,32 @@ def pipeline_server_command(
     return command, env
 
 
+def judge_server_command(
+    config: Any, judge_model_dir: Path, host: str, port: int, served_name: str = "judge"
+) -> tuple[list[str], dict[str, str], bool]:
+    """The command that serves ``judge_model_dir`` as an LLM judge (``grpoflow vllm-serve --judge``): no LoRA, the
+    pipeline's dtype and, on a CPU, a KV cache sized for the judge's own prompts (``vllm_max_model_len``); the
+    environment it adds; whether it runs on a CPU (where vLLM's engine dies on a per-request seed)."""
+    from tasks.models.vllm_server import server_command
+
+    spec = pipeline_engine_spec(config, judge_model_dir)
+    command = server_command(
+        judge_model_dir,
+        host=host,
+        port=port,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        kv_cache_bytes=spec.kv_cache_bytes,
+        gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
+        served_name=served_name,
+        lora=False,
+    )
+    env = {"VLLM_CONFIGURE_LOGGING": "1"}
+    if spec.kv_cache_bytes is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(os.sched_getaffinity(0))
+    return command, env, spec.kv_cache_bytes is not None
+
+
 def cpu_list(cpus: set[int]) -> str:
     """CPU ids as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` takes them: ranges joined by commas.
 

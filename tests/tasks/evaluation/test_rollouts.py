@@ -51,3 +51,16 @@ def test_rescore_counts_groups_that_change_and_correlates_advantages() -> None:
     assert report["groups"] == 2 and report["to_informative"] == 1 and report["to_uninformative"] == 0
     assert report["agreement"] == pytest.approx(6 / 8)
     assert report["advantage_correlation"] == pytest.approx(2**-0.5, abs=1e-3)  # b agrees, a was flat
+
+
+def test_rescore_reads_the_ledgers_float32_values_as_the_verdicts_they_were() -> None:
+    """TRL trains on float32 rewards and the ledger keeps them so: a judge's 0.7 is 0.699999988 there."""
+    import numpy as np
+
+    rows = grpo_rows(1, 1, ["a"], [0.7, 0.2, 0.7, 0.2])
+    rows = [
+        dict(r, **{"reward/judge": float(np.float32(v)), "advantage": 0.0})
+        for r, v in zip(rows, [0.7, 0.2] * 2, strict=True)
+    ]
+    assert rescore_report(rows, "judge", [0.7, 0.2, 0.7, 0.2], {"judge": 1.0}, 1.0)["agreement"] == 1.0
+    assert rescore_report(rows, "judge", [0.7, 0.3, 0.7, 0.2], {"judge": 1.0}, 1.0)["agreement"] == 0.75
