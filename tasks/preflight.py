@@ -69,6 +69,12 @@ def path_problems(config: PipelineConfig) -> list[str]:
             problems.append(f"evaluation.{key}: file not found: {value}")
     if config.canaries.file is not None and not Path(config.canaries.file).is_file():
         problems.append(f"canaries.file: file not found: {config.canaries.file}")
+    if config.canaries.judge_file is not None and not Path(config.canaries.judge_file).is_file():
+        problems.append(f"canaries.judge_file: file not found: {config.canaries.judge_file}")
+    for spec in config.rewards:
+        model = spec.args.get("model") if spec.name == "reward_model" else None
+        if isinstance(model, str) and model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+            problems.append(f"rewards[{spec.name}].args.model: folder not found: {model}")
     accelerate_file = config.orchestration.accelerate_config
     if accelerate_file is not None and not Path(accelerate_file).is_file():
         problems.append(f"orchestration.accelerate_config: file not found: {accelerate_file}")

@@ -6,6 +6,7 @@ Must not import: another stage's module; Prefect and MLflow appear only in its t
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,9 +20,15 @@ from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
 from tasks.layout import HOLDOUT_FILE, write_atomically
 from tasks.tracking import Tracker, log_splits, prefect_task, publish_markdown, tracked_stage, validated_splits
 
+logger = logging.getLogger(__name__)
+
 
 class RewardCanaryFailed(GateStop, RuntimeError):
     """A configured reward judged a labelled canary completion otherwise than expected."""
+
+
+class JudgeCanaryFailed(GateStop, RuntimeError):
+    """A judge did not score the better answer of enough canary pairs higher (``canaries.judge_min_ordered``)."""
 
 
 class QuarantineLimitExceeded(UserError, RuntimeError):
@@ -47,6 +54,7 @@ class ValidateResult:
     train_digest: str = ""
     holdout_digest: str = ""
     columns: list[str] = field(default_factory=list)
+    judge_canaries: list[dict[str, Any]] = field(default_factory=list)  # one report per judge (judges only)
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -212,9 +220,50 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     write_jsonl(result.quarantine_path, quarantined)
     write_jsonl(result.train_path, train)
     write_jsonl(result.holdout_path, holdout)
+    result.judge_canaries = check_judge_canaries(config, train, stage_dir)
     report = {**result.to_json(), "great_expectations": gx_summary}
     write_atomically(result.report_path, json.dumps(report, indent=2, ensure_ascii=True))
     return result
+
+
+def check_judge_canaries(config: PipelineConfig, train: list[dict[str, Any]], stage_dir: Path) -> list[dict[str, Any]]:
+    """Each configured judge scores canary pairs (the training rows' reference answers against wrong and off-task
+    ones, plus ``canaries.judge_file``'s); their reports, also in ``judge_canaries.json``. ``enforce_judges``
+    stops the run on them once they are logged."""
+    from reward_fns.judges import JUDGES
+    from reward_fns.judges.checks import check_judge, pairs_from_file, pairs_from_rows
+    from reward_fns.registry import build_reward_functions
+    from tasks.evaluation import verdict_cache
+
+    judges = [spec for spec in config.rewards if spec.name in JUDGES]
+    if not judges or not config.canaries.enabled:
+        return []
+    pairs = pairs_from_rows(train, config.canaries.judge_pairs, config.seed)
+    if config.canaries.judge_file is not None:
+        try:
+            pairs += pairs_from_file(Path(config.canaries.judge_file))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"canaries.judge_file: {exc}") from exc
+    if not pairs:
+        logger.warning("no judge canary pairs: the data has no reference answers; write some in canaries.judge_file")
+        return []
+    rewards, _ = build_reward_functions(judges, verdict_cache(judges))
+    reports = [check_judge(r.__name__, r, pairs, config.canaries.judge_min_ordered).to_json() for r in rewards]
+    write_atomically(stage_dir / "judge_canaries.json", json.dumps(reports, indent=2, default=str))
+    return reports
+
+
+def enforce_judges(result: ValidateResult, stage_dir: Path) -> None:
+    """Stop the run, before any training, on a judge that failed its canary pairs: the numbers in the message."""
+    failed = [report for report in result.judge_canaries if not report["passed"]]
+    if failed:
+        r = failed[0]
+        raise JudgeCanaryFailed(
+            f"judge {r['judge']} ordered {r['ordered']}/{r['pairs']} canary pairs right ({r['ordered_share']:.0%} < "
+            f"canaries.judge_min_ordered {r['threshold']:.0%}): {r['ties']} tied, {r['reversed']} reversed, "
+            f"{r['unjudged']} unjudged; see {stage_dir / 'judge_canaries.json'}\n"
+            "it cannot tell a reference answer from a wrong or off-task one: fix its prompt, rubric or model first"
+        )
 
 
 def enforce_limits(result: ValidateResult, config: PipelineConfig) -> None:
@@ -252,8 +301,11 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
         for path in (result.report_path, result.quarantine_path):
             stage.log_artifact(path, "validate")
         stage.log_artifact(stage.dir / "data_docs", "validate/data_docs")
-        if (stage.dir / "canaries.json").is_file():
-            stage.log_artifact(stage.dir / "canaries.json", "validate")
+        for name in ("canaries.json", "judge_canaries.json"):
+            if (stage.dir / name).is_file():
+                stage.log_artifact(stage.dir / name, "validate")
+        for report in result.judge_canaries:
+            stage.log_metrics({f"judge_canaries/{report['judge']}/ordered_share": report["ordered_share"]})
         reasons = (
             "\n".join(f"| {reason} | {count} |" for reason, count in sorted(result.reasons.items())) or "| — | 0 |"
         )
@@ -265,4 +317,5 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
             f"fingerprint `{result.fingerprint}`\n\n| reason | rows |\n|---|---|\n{reasons}\n",
         )
         enforce_limits(result, config)
+        enforce_judges(result, stage.dir)
         return result

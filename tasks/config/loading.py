@@ -125,9 +125,14 @@ def anchor_paths(raw: dict[str, Any], base: Path) -> None:
     for spec in raw.get("rewards") or []:
         if isinstance(spec, dict) and spec.get("path"):
             spec["path"] = anchored(spec["path"])
+        args = spec.get("args") if isinstance(spec, dict) else None
+        model = args.get("model") if isinstance(args, dict) and spec.get("name") == "reward_model" else None
+        if isinstance(model, str) and (model.startswith(".") or (base / model).exists()):  # a folder, not a Hub id
+            args["model"] = anchored(model)
     canaries = raw.get("canaries")
-    if isinstance(canaries, dict) and canaries.get("file"):
-        canaries["file"] = anchored(canaries["file"])
+    for key in ("file", "judge_file"):
+        if isinstance(canaries, dict) and canaries.get(key):
+            canaries[key] = anchored(canaries[key])
     orchestration = raw.get("orchestration")
     if isinstance(orchestration, dict) and orchestration.get("accelerate_config"):
         orchestration["accelerate_config"] = anchored(orchestration["accelerate_config"])

@@ -55,6 +55,9 @@ ADDED_LATER = (
     "evaluation.cache",
     "evaluation.processes",
     "probe.processes",
+    "canaries.judge_pairs",
+    "canaries.judge_file",
+    "canaries.judge_min_ordered",
     *(f"grpo.{name}" for name in GRPOLossSettings.model_fields if name not in ("beta", "loss_type", "scale_rewards")),
     *(f"grpo.{name}" for name in GRPOSteeringSettings.model_fields),
 )

@@ -416,3 +416,14 @@ class CanarySettings(_Strict):
     file: Path | None = Field(
         None, description="Extra canaries (JSONL) for custom rewards, beside the task kind's built-in ones."
     )
+    judge_pairs: int = Field(
+        16, ge=0, description="Judges: canary pairs made from the training rows' reference answers (0: none)."
+    )
+    judge_file: Path | None = Field(
+        None,
+        description="Judges: canary pairs you write (JSONL: prompt, better, worse, and any columns the judge reads), "
+        "beside the pairs made from the data.",
+    )
+    judge_min_ordered: float = Field(
+        0.8, ge=0.0, le=1.0, description="Judges: the share of canary pairs a judge must score strictly right."
+    )

@@ -14,16 +14,19 @@ from flows.cli import main
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
 from tasks.training import RewardNoneLimitExceeded
+from tasks.validate import JudgeCanaryFailed
+from tests.conftest import rule_judge
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _with_rewards(config: PipelineConfig, extra: dict, name: str) -> PipelineConfig:
+def _with_rewards(config: PipelineConfig, extra: dict, name: str, **canaries: object) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {
             **config.model_dump(),
             "rewards": [*[spec.model_dump() for spec in config.rewards], extra],
             "tracking": {**config.tracking.model_dump(), "registered_model_name": name},
+            "canaries": {**config.canaries.model_dump(), **canaries},
         }
     )
 
@@ -39,7 +42,7 @@ def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
     tiny_config: PipelineConfig, tiny_reward_model_dir: Path
 ) -> None:
     spec = {"name": "reward_model", "args": {"model": str(tiny_reward_model_dir)}, "weight": 0.5}
-    config = _with_rewards(tiny_config, spec, "tiny-judged")
+    config = _with_rewards(tiny_config, spec, "tiny-judged", judge_min_ordered=0.0)  # random weights order nothing
     summary = pipeline(config, "tiny-rm")
     assert summary["promotion"]["version"] == "1"
     steps = config.grpo.batch_size * config.grpo.max_steps
@@ -64,15 +67,36 @@ def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
     assert report["judge"] == {"from_cache": steps, "asked": 0, "requests": 0}  # none computed again
 
 
-def test_a_judge_that_is_down_stops_grpo_at_the_none_guard_and_nothing_is_registered(
+def test_a_judge_that_is_down_stops_the_run_at_its_canaries_or_mid_run_at_the_none_guard(
     tiny_config: PipelineConfig,
 ) -> None:
-    spec = {
-        "name": "llm_judge",
-        "args": {"url": "http://127.0.0.1:9/v1", "model": "judge", "max_retries": 1, "backoff_s": 0.01},
-    }
-    config = _with_rewards(tiny_config, spec, "tiny-judge-down")
+    args = {"url": "http://127.0.0.1:9/v1", "model": "judge", "max_retries": 1, "backoff_s": 0.01}
+    down = _with_rewards(tiny_config, {"name": "llm_judge", "args": args}, "tiny-judge-down")
+    with pytest.raises(JudgeCanaryFailed, match=r"ordered 0/16 canary pairs .* 16 unjudged"):
+        pipeline(down, "tiny-down-early")
+    # Down only once training started (no canaries to catch it): GRPO's verdicts are None, the guard stops the run
+    # before evaluation and promotion.
+    late = _with_rewards(tiny_config, {"name": "llm_judge", "args": args}, "tiny-judge-down", judge_pairs=0)
     with pytest.raises(RewardNoneLimitExceeded, match=r"reward llm_judge could not judge 16/16 .*ConnectError"):
-        pipeline(config, "tiny-down")
-    summary = json.loads((config.output_dir / "tiny-down" / "summary.json").read_text())
+        pipeline(late, "tiny-down")
+    summary = json.loads((late.output_dir / "tiny-down" / "summary.json").read_text())
     assert "promotion" not in summary or not summary["promotion"].get("version")
+
+
+def test_a_judge_that_cannot_order_its_canaries_stops_the_run_before_training(
+    tiny_config: PipelineConfig, judge_server
+) -> None:
+    judge_server.answer = lambda payload: "5"  # the same score for every answer: every pair ties
+    spec = {"name": "llm_judge", "args": {"url": judge_server.url, "model": "judge"}}
+    config = _with_rewards(tiny_config, spec, "tiny-judge-blind")
+    with pytest.raises(JudgeCanaryFailed, match=r"ordered 0/16 canary pairs right \(0% < .* 80%\): 16 tied"):
+        pipeline(config, "tiny-blind")
+    summary = json.loads((config.output_dir / "tiny-blind" / "summary.json").read_text())
+    assert set(summary["stage_seconds"]) <= {"validate"}
+    judge_server.answer = rule_judge  # a judge that reads the reference passes them (another judge: its digest)
+    spec["args"]["model_digest"] = "rule-judge"
+    pipeline_ok = _with_rewards(tiny_config, spec, "tiny-judge-ok", judge_pairs=8)
+    from tasks.validate import run_validate
+
+    result = run_validate(pipeline_ok, pipeline_ok.output_dir / "validate-only")
+    assert [r["passed"] for r in result.judge_canaries] == [True] and result.judge_canaries[0]["pairs"] == 8
