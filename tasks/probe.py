@@ -19,7 +19,7 @@ import numpy as np
 
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop
-from tasks.evaluation import Job, JobShare, processes_for, run_jobs, score_groups
+from tasks.evaluation import Job, JobShare, judge_bias, processes_for, run_jobs, score_groups
 from tasks.inputs import read_jsonl, render_prompt, write_jsonl
 from tasks.models import GenerationStats, policy_sampler, samples_on_cpu
 from tasks.tracking import (
@@ -59,6 +59,7 @@ class ProbeResult:
     verdict: str = ""
     signal_from: str = "reward"
     engine: str = "transformers"  # what sampled (tasks.models.engine_name)
+    judge_bias: dict[str, dict[str, float]] = field(default_factory=dict)  # per judge (tasks.evaluation.judge_bias)
 
     @property
     def has_signal(self) -> bool:
@@ -222,6 +223,7 @@ def run_probe(
     result = summarize(label, rows, scores, config.probe.signal_from)
     result.tokens_per_second = stats.tokens_per_second
     result.engine = sampler.backend
+    result.judge_bias = judge_bias(config, rows, completions, scores)
     stage_dir.mkdir(parents=True, exist_ok=True)
     result.histogram_path = _histogram(result, scores["total"], stage_dir / f"probe_{label}_rewards.png")
     result.samples_path = stage_dir / f"probe_{label}_samples.jsonl"
@@ -277,6 +279,12 @@ def probe_task(
                 "all_max_groups": result.all_max_groups,
                 "tokens_per_second": result.tokens_per_second,
                 **{f"{name}_mean": v["mean"] for name, v in result.per_function.items()},
+                **{
+                    f"judge_bias/{judge}/{key}": value
+                    for judge, figures in result.judge_bias.items()
+                    for key, value in figures.items()
+                    if value == value  # NaN: not measurable here
+                },
             }
         )
         for path in (result.histogram_path, result.samples_path):

@@ -16,6 +16,8 @@ _EXPORTS = {
     "GeneralAbility": "forgetting",
     "fingerprint": "cache",
     "verdict_cache": "cache",
+    "judge_bias": "judging",
+    "judge_specs": "judging",
     "forgetting_items": "jobs",
     "Completions": "jobs",
     "JobShare": "jobs",

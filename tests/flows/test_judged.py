@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from flows.cli import main
 from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
+from tasks.tracking import RUN_ID_TAG, client_for
 from tasks.training import RewardNoneLimitExceeded
 from tasks.validate import JudgeCanaryFailed
 from tests.conftest import rule_judge
@@ -45,6 +46,13 @@ def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
     config = _with_rewards(tiny_config, spec, "tiny-judged", judge_min_ordered=0.0)  # random weights order nothing
     summary = pipeline(config, "tiny-rm")
     assert summary["promotion"]["version"] == "1"
+    client = client_for(config.resolved_tracking_uri())
+    experiment = client.get_experiment_by_name(config.tracking.experiment_name)
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'tiny-rm'")
+    probe = next(r for r in runs if r.data.tags.get("grpoflow.stage") == "probe_base")
+    bias = {k: v for k, v in probe.data.metrics.items() if k.startswith("judge_bias/reward_model/")}
+    # (no correlation: the tiny model is never right, so the verifiable reward does not vary)
+    assert {"length_gain", "padded_higher_share", "judged_on_incorrect"} <= {k.rsplit("/", 1)[1] for k in bias}
     steps = config.grpo.batch_size * config.grpo.max_steps
     result = CliRunner().invoke(
         _Command(),  # type: ignore[arg-type]

@@ -1,0 +1,59 @@
+"""A judge's biases measured on samples: length (padding that adds nothing), position (pairwise orders that
+disagree), agreement with the verifiable reward; through a judge on loopback that has each bias or not."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tasks.config import PipelineConfig
+from tasks.evaluation import judge_bias
+
+ROWS = [{"id": str(n), "prompt": f"What is {n} + {n}?", "ground_truth": str(2 * n)} for n in range(1, 5)]
+COMPLETIONS = [[f"\\boxed{{{2 * n}}}", "\\boxed{0}"] for n in range(1, 5)]
+CORRECT = np.array([[1.0, 0.0]] * 4)
+
+
+def _config(tiny_config: PipelineConfig, judge_server, **args) -> PipelineConfig:
+    spec = {"name": "llm_judge", "args": {"url": judge_server.url, "model": "judge", **args}}
+    return PipelineConfig.model_validate({**tiny_config.model_dump(), "rewards": [spec]})
+
+
+def test_a_judge_that_reads_the_answer_has_no_length_bias_and_agrees_with_the_verifiable_reward(
+    tiny_config, judge_server
+) -> None:
+    judged = np.array([[1.0, 0.2]] * 4)
+    report = judge_bias(
+        _config(tiny_config, judge_server, model_digest="rule"),
+        ROWS,
+        COMPLETIONS,
+        {"correct": CORRECT, "per_function": {"llm_judge": judged}},
+    )
+    figures = report["llm_judge"]
+    assert figures["length_gain"] == 0.0 and figures["padded_higher_share"] == 0.0 and figures["length_pairs"] == 4
+    assert figures["verifiable_correlation"] > 0.99 and figures["judged_on_correct"] == 1.0
+    assert "position_split_share" not in figures  # pointwise
+
+
+def test_a_judge_that_pays_for_length_and_a_pairwise_one_that_prefers_a_position_are_measured(
+    tiny_config, judge_server
+) -> None:
+    def by_length(payload) -> str:
+        text = payload["messages"][-1]["content"]
+        response = text.split("Response:\n", 1)[1].split("\n\nGive the response", 1)[0]
+        return str(min(10, len(response) // 20))
+
+    judge_server.answer = by_length
+    scores = {"correct": CORRECT, "per_function": {"llm_judge": np.array([[0.0, 0.0]] * 4)}}
+    figures = judge_bias(_config(tiny_config, judge_server, model_digest="length"), ROWS, COMPLETIONS, scores)[
+        "llm_judge"
+    ]
+    assert figures["padded_higher_share"] == 1.0 and figures["length_gain"] > 0.3
+    judge_server.answer = lambda payload: "A" if "Response A:" in payload["messages"][-1]["content"] else "5"
+    rows = [dict(row, reference_completion="x") for row in ROWS]
+    pairwise = {"correct": CORRECT, "per_function": {"llm_judge": np.array([[0.5, 0.5]] * 3 + [[1.0, 0.0]])}}
+    figures = judge_bias(
+        _config(tiny_config, judge_server, mode="pairwise", model_digest="first"), rows, COMPLETIONS, pairwise
+    )["llm_judge"]
+    assert figures["position_split_share"] == 0.75 and not math.isnan(figures["verifiable_correlation"])
