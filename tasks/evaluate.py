@@ -31,6 +31,7 @@ from tasks.evaluation import (
     forgetting_job,
     forgetting_metrics,
     general_questions_trained_on,
+    judge_specs,
     paired_difference,
     pass_at_k,
     pass_at_k_curve,
@@ -38,6 +39,8 @@ from tasks.evaluation import (
     run_jobs,
     sampling_job,
     score_groups,
+    verdict_lists,
+    win_rate,
 )
 from tasks.inputs import prompt_text, read_jsonl
 from tasks.models import samples_on_cpu
@@ -78,6 +81,8 @@ class ModelScores:
     registered_version: str | None = None  # the registry version that was scored, if it is one
     samples: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a few greedy answers (model cards)
     engine: str = "transformers"  # what sampled its completions (tasks.models.engine_name)
+    # per judge reward: its verdicts on the sampled completions, prompts × samples (None: no verdict)
+    judged: dict[str, list[list[float | None]]] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -106,12 +111,15 @@ class EvalResult:
     forgetting: dict[str, Any] | None = None  # the candidate against the base model
     roles: dict[str, str] = field(default_factory=dict)  # role → model name
     forgetting_reference: dict[str, Any] | None = None  # the candidate against the champion, when there is one
+    # per judge: the candidate's judged win rate over the champion (else SFT, else the base model), with "against"
+    judged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Results pickled before roles existed (Prefect's cache of a run started then) listed their models as
         ``[base, sft?, champion?, candidate]``; their roles are read from that order, once, here."""
         self.__dict__.update(state)
         self.__dict__.setdefault("forgetting_reference", None)
+        self.__dict__.setdefault("judged", {})
         if not self.__dict__.get("roles"):
             names = list(self.scores)
             self.roles = {"base": names[0], "candidate": names[-1]}
@@ -147,6 +155,7 @@ class EvalResult:
             "comparisons": self.comparisons,
             "forgetting": self.forgetting,
             "forgetting_vs_champion": self.forgetting_reference,
+            "judged_win_rate": self.judged,
             "engine": self.engine,
         }
 
@@ -235,6 +244,10 @@ def _assemble(
         tokens_per_second=sampled.stats.tokens_per_second,
         general=general,
         engine=sampled.backend,
+        judged={
+            spec.name.rsplit(":", 1)[-1]: verdict_lists(sampled_scores["per_function"][spec.name.rsplit(":", 1)[-1]])
+            for spec in judge_specs(config)
+        },
     )
 
 
@@ -278,6 +291,7 @@ def compare_roles(
     }
     settings = config.evaluation
     common = {"resamples": settings.bootstrap_resamples, "seed": config.seed, "exclude": trained_on}
+    common_judged = {"resamples": settings.bootstrap_resamples, "seed": config.seed}
     drop = None
     if base.general and candidate.general:
         drop = forgetting_drop(base.general, candidate.general, **common)
@@ -286,6 +300,12 @@ def compare_roles(
     if reference is not None and reference.general and candidate.general:
         drop_reference = forgetting_drop(reference.general, candidate.general, **common)
     stage_dir.mkdir(parents=True, exist_ok=True)
+    against = next(by_role[role] for role in ("reference", "sft", "base") if role in by_role)
+    judged = {
+        judge: {"against": against.name, **win_rate(verdicts, against.judged.get(judge, []), **common_judged)}
+        for judge, verdicts in candidate.judged.items()
+        if against.judged.get(judge)
+    }
     result = EvalResult(
         scores,
         comparisons,
@@ -294,6 +314,7 @@ def compare_roles(
         drop,
         {role: by_role[role].name for role in ordered},
         drop_reference,
+        judged,
     )
     result.table_path.write_text(json.dumps(result.to_json(), indent=2))
     return result
@@ -340,6 +361,8 @@ def evaluate_task(
             stage.log_metrics(forgetting_metrics(prefix, drop or {}))
         for key, difference in result.comparisons.items():
             stage.log_metrics({f"{key}_gain": difference["mean"], f"{key}_gain_low": difference["low"]})
+        for judge, rate in result.judged.items():
+            stage.log_metrics({f"judged_win_rate/{judge}": rate["mean"], f"judged_win_rate/{judge}_low": rate["low"]})
         stage.log_artifact(result.table_path, "evaluate")
         stage.log_artifact(result.curve_path, "evaluate")
         publish_table("evaluation", evaluation_table(result))

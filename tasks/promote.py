@@ -63,6 +63,7 @@ class PromotionCase:
     champion_version: str | None = None
     forgetting_vs_champion: dict[str, Any] | None = None
     audit: tuple[dict[str, Any], ...] = ()  # the reward audit's findings (tasks.evaluation.audit)
+    judged: dict[str, dict[str, Any]] = field(default_factory=dict)  # per judge: the candidate's win rate
 
     @classmethod
     def from_evaluation(cls, evaluation: EvalResult) -> PromotionCase:
@@ -75,6 +76,7 @@ class PromotionCase:
             forgetting=evaluation.forgetting,
             champion_version=reference.registered_version if role == "reference" else None,
             forgetting_vs_champion=getattr(evaluation, "forgetting_reference", None),
+            judged=getattr(evaluation, "judged", {}),
         )
 
 
@@ -92,7 +94,18 @@ def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[
     """
     candidate, reference, difference, forgetting = case.candidate, case.reference, case.difference, case.forgetting
     name = reference.name
-    if not difference["low"] > settings.margin:
+    if settings.metric == "judged_win_rate":
+        judge = settings.judge or next(iter(case.judged), None)
+        rate = case.judged.get(judge) if judge else None
+        if rate is None or not rate.get("n"):
+            return False, f"no judged win rate of {judge or 'a judge'}: every verdict was None (promotion.metric)"
+        if not rate["low"] > 0.5 + settings.margin:
+            return False, (
+                f"judged win rate ({judge}) over {rate['against']} is {rate['mean']:.3f} with 95% CI "
+                f"[{rate['low']:.3f}, {rate['high']:.3f}] (n={rate['n']} prompts); its lower end does not exceed "
+                f"0.5 + margin {settings.margin:+.3f}"
+            )
+    elif not difference["low"] > settings.margin:
         return False, (
             f"pass@1 gain over {name} is {difference['mean']:+.3f} with paired 95% CI "
             f"[{difference['low']:+.3f}, {difference['high']:+.3f}] (n={difference['n']} prompts); "
@@ -111,6 +124,12 @@ def decide_promotion(case: PromotionCase, settings: PromotionSettings) -> tuple[
     if settings.block_on_audit and case.audit:
         found = "; ".join(f"{f['detector']}: {f['message']}" for f in case.audit)
         return False, f"the reward audit found signs of reward hacking (promotion.block_on_audit): {found}"
+    if settings.metric == "judged_win_rate":
+        rate = case.judged[settings.judge or next(iter(case.judged))]
+        return True, (
+            f"judged win rate over {rate['against']} {rate['mean']:.3f}, 95% CI [{rate['low']:.3f}, "
+            f"{rate['high']:.3f}] (n={rate['n']} prompts); pass@1 gain over {name} {difference['mean']:+.3f}"
+        )
     return True, (
         f"pass@1 gain over {name} {difference['mean']:+.3f}, paired 95% CI "
         f"[{difference['low']:+.3f}, {difference['high']:+.3f}] (n={difference['n']} prompts)"

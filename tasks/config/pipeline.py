@@ -55,6 +55,8 @@ ADDED_LATER = (
     "evaluation.cache",
     "evaluation.processes",
     "probe.processes",
+    "promotion.metric",
+    "promotion.judge",
     "canaries.judge_pairs",
     "canaries.judge_file",
     "canaries.judge_min_ordered",
@@ -103,6 +105,20 @@ class PipelineConfig(_Strict):
                 f"grpo.num_generations ({grpo.num_generations}): TRL counts completions, and each prompt needs a "
                 "whole group"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _judged_metric_has_a_judge(self) -> PipelineConfig:
+        from reward_fns.judges import JUDGES
+
+        promotion = self.promotion
+        judges = [spec.name.rsplit(":", 1)[-1] for spec in self.rewards if spec.name in JUDGES]
+        if promotion.metric == "judged_win_rate" and not judges:
+            raise ValueError(
+                "promotion.metric judged_win_rate needs a judge among the rewards (llm_judge, reward_model)"
+            )
+        if promotion.judge is not None and promotion.judge not in judges:
+            raise ValueError(f"promotion.judge {promotion.judge!r} is not one of the judge rewards {judges}")
         return self
 
     def world_size(self) -> int:

@@ -282,6 +282,14 @@ class EvaluationSettings(_Strict):
 
 
 class PromotionSettings(_Strict):
+    metric: Literal["pass_at_1", "judged_win_rate"] = Field(
+        "pass_at_1",
+        description="What the gate reads: the paired pass@1 gain (its CI's lower end must exceed margin), or a "
+        "judge's win rate over the champion / SFT / base model (its CI's lower end must exceed 0.5 + margin).",
+    )
+    judge: str | None = Field(
+        None, description="With metric judged_win_rate: which judge reward (its name); default: the first judge."
+    )
     margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
     pass_at_k_tolerance: float = Field(0.02, ge=0.0)
     max_qa_accuracy_drop: float = Field(

@@ -18,6 +18,8 @@ _EXPORTS = {
     "verdict_cache": "cache",
     "judge_bias": "judging",
     "judge_specs": "judging",
+    "win_rate": "judging",
+    "verdict_lists": "judging",
     "forgetting_items": "jobs",
     "Completions": "jobs",
     "JobShare": "jobs",

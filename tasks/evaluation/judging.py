@@ -56,3 +56,36 @@ def judge_bias(
         figures.update({("verifiable_correlation" if k == "correlation" else k): v for k, v in agree.items()})
         report[reward.__name__] = figures
     return report
+
+
+def win_rate(
+    candidate: Sequence[Sequence[float | None]],
+    reference: Sequence[Sequence[float | None]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The judged win rate of ``candidate`` over ``reference`` on the same prompts: per prompt, the share of
+    (candidate sample, reference sample) pairs whose verdict is higher (a tie counts half, a None verdict is left
+    out), then its mean over prompts with a 95 % bootstrap interval over prompts (0.5: no better, no worse).
+
+    >>> r = win_rate([[1.0, 1.0], [0.5, 0.5]], [[0.0, 0.0], [0.5, 0.5]]); r["mean"], r["n"]
+    (0.75, 2)
+    """
+    from tasks.evaluation.scoring import bootstrap_interval
+
+    if len(candidate) != len(reference):
+        raise ValueError("a judged win rate needs the same prompts on both sides")
+    shares = []
+    for mine, theirs in zip(candidate, reference, strict=True):
+        pairs = [(a, b) for a in mine for b in theirs if a is not None and b is not None]
+        if pairs:
+            shares.append(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs) / len(pairs))
+    if not shares:
+        return {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+    low, high = bootstrap_interval(shares, resamples, seed)
+    return {"mean": float(np.mean(shares)), "low": low, "high": high, "n": len(shares)}
+
+
+def verdict_lists(array: Any) -> list[list[float | None]]:
+    """A prompts × samples array of verdicts (NaN: none) as lists, None where there was no verdict."""
+    return [[None if math.isnan(v) else float(v) for v in row] for row in np.asarray(array, dtype=float)]

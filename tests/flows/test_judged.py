@@ -44,8 +44,11 @@ def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
 ) -> None:
     spec = {"name": "reward_model", "args": {"model": str(tiny_reward_model_dir)}, "weight": 0.5}
     config = _with_rewards(tiny_config, spec, "tiny-judged", judge_min_ordered=0.0)  # random weights order nothing
+    config = config.model_copy(update={"promotion": config.promotion.model_copy(update={"metric": "judged_win_rate"})})
     summary = pipeline(config, "tiny-rm")
-    assert summary["promotion"]["version"] == "1"
+    assert summary["promotion"]["version"] == "1" and "judged win rate" in summary["promotion"]["reason"]
+    rate = summary["evaluation"]["judged_win_rate"]["reward_model"]
+    assert rate["against"] == "sft" and rate["n"] == config.evaluation.num_prompts and 0.0 <= rate["mean"] <= 1.0
     client = client_for(config.resolved_tracking_uri())
     experiment = client.get_experiment_by_name(config.tracking.experiment_name)
     runs = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'tiny-rm'")

@@ -57,3 +57,33 @@ def test_a_judge_that_pays_for_length_and_a_pairwise_one_that_prefers_a_position
         _config(tiny_config, judge_server, mode="pairwise", model_digest="first"), rows, COMPLETIONS, pairwise
     )["llm_judge"]
     assert figures["position_split_share"] == 0.75 and not math.isnan(figures["verifiable_correlation"])
+
+
+def test_the_judged_win_rate_counts_ties_half_and_leaves_unjudged_samples_out() -> None:
+    from tasks.evaluation import win_rate
+
+    rate = win_rate([[1.0, None], [0.2, 0.2], [None, None]], [[0.5, 0.5], [0.2, 0.9], [1.0, 1.0]], resamples=200)
+    assert rate["n"] == 2 and rate["mean"] == (1.0 + 0.25) / 2  # prompt 2: a tie (0.5) and a loss; prompt 3 unjudged
+    assert rate["low"] <= rate["mean"] <= rate["high"]
+
+
+def test_the_gate_reads_the_judged_win_rate_when_the_config_says_so(tiny_config) -> None:
+    import pytest
+
+    from tasks.config import PromotionSettings
+    from tasks.evaluate import ModelScores
+    from tasks.promote import PromotionCase, decide_promotion
+
+    a = ModelScores("grpo", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
+    b = ModelScores("sft", 4, 4, 0.5, {1: 0.5}, (0.3, 0.7), [], [])
+    flat = {"mean": 0.0, "low": -0.1, "high": 0.1, "n": 4}  # no pass@1 gain: the pass@1 gate says no
+    wins = {"judge": {"against": "sft", "mean": 0.8, "low": 0.62, "high": 0.95, "n": 4}}
+    judged = PromotionSettings(metric="judged_win_rate")
+    assert decide_promotion(PromotionCase(a, b, flat, judged=wins), judged)[0]
+    assert not decide_promotion(PromotionCase(a, b, flat, judged=wins), PromotionSettings())[0]
+    promoted, reason = decide_promotion(
+        PromotionCase(a, b, flat, judged=wins), PromotionSettings(metric="judged_win_rate", margin=0.2)
+    )
+    assert not promoted and reason.startswith("judged win rate (judge) over sft is 0.800 with 95% CI [0.620, 0.950]")
+    with pytest.raises(ValueError, match="judged_win_rate needs a judge among the rewards"):
+        PipelineConfig.model_validate({**tiny_config.model_dump(), "promotion": {"metric": "judged_win_rate"}})
