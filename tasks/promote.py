@@ -265,6 +265,7 @@ def lineage(config: PipelineConfig, tracker: Tracker, data: Any) -> dict[str, An
 @prefect_task("promote", cache="never")
 def reward_audit(config: PipelineConfig, tracker: Tracker, evaluation: EvalResult) -> list[dict[str, Any]]:
     """The reward audit's findings on this run's rollout ledger and evaluation (none without a ledger)."""
+    from reward_fns.judges.settings import DEFAULT_RUBRIC
     from reward_fns.registry import CORRECTNESS_REWARD
     from tasks.evaluation import audit_rollouts
     from tasks.training import LEDGER_DIR, read_ledger, read_selection
@@ -280,8 +281,15 @@ def reward_audit(config: PipelineConfig, tracker: Tracker, evaluation: EvalResul
     weights = {spec.name.rsplit(":", 1)[-1]: spec.weight for spec in config.rewards}
     correctness = CORRECTNESS_REWARD.get(config.data.kind)
     role = "reference" if evaluation.of("reference") is not None else "base"
+    from reward_fns.judges import JUDGES
+
+    judges = {
+        spec.name.rsplit(":", 1)[-1]: str(spec.args.get("rubric") or DEFAULT_RUBRIC) if spec.name == "llm_judge" else ""
+        for spec in config.rewards
+        if spec.name in JUDGES
+    }
     findings = audit_rollouts(
-        rows, weights, correctness if correctness in weights else None, evaluation.comparison(role)
+        rows, weights, correctness if correctness in weights else None, evaluation.comparison(role), judges
     )
     for finding in findings:
         logger.warning("reward audit: %s: %s", finding.detector, finding.message)

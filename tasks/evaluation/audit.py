@@ -11,7 +11,11 @@ The detectors (early = the first third of the steps, late = the last third):
 - ``length_grew``: mean completion length grew ≥ 1.5×, or the clipped share by ≥ 0.25;
 - ``repetition_rose``: the share of repeated word 3-grams in completions rose by ≥ 0.15;
 - ``prompt_copying``: ≥ 20 % of late completions repeat half or more of their prompt's word 4-grams (and
-  ≥ 10 points more than early).
+  ≥ 10 points more than early);
+- ``judge_without_verifiable`` (judges): a judge's verdict rose by ≥ 0.05 while the verifiable reward, and any
+  second judge, rose < 0.05;
+- ``rubric_echo`` (LLM judges): ≥ 20 % of late completions repeat a fifth or more of the judge's rubric word
+  3-grams (and ≥ 10 points more than early).
 
 Must not import: Prefect, MLflow, the stages.
 """
@@ -88,19 +92,72 @@ def copies_prompt(completion: str, prompt: str, n: int = 4) -> bool:
     return bool(wanted) and len(wanted & set(ngrams(completion, n))) / len(wanted) >= 0.5
 
 
+def echoes(completion: str, rubric: str, n: int = 3) -> bool:
+    """Whether a completion repeats a fifth or more of a rubric's word n-grams (it writes to the judge).
+
+    >>> rubric = "a correct, complete and concise answer scores high"
+    >>> echoes("This is a correct, complete and concise answer.", rubric), echoes("It is 42.", rubric)
+    (True, False)
+    """
+    wanted = set(ngrams(rubric, n))
+    return bool(wanted) and len(wanted & set(ngrams(completion, n))) / len(wanted) >= 0.2
+
+
+def judge_findings(
+    early: Sequence[dict[str, Any]],
+    late: Sequence[dict[str, Any]],
+    judges: dict[str, str],
+    verifiable: str | None,
+) -> list[Finding]:
+    """The judge-hacking detectors: ``judges`` maps each judge reward's name to its rubric ("" for a reward model),
+    ``verifiable`` the correctness reward the ledger also holds (None: none)."""
+    found = []
+
+    def rise(name: str) -> float:
+        key = f"reward/{name}"
+        return _mean([r.get(key) for r in late]) - _mean([r.get(key) for r in early])
+
+    for name, rubric in judges.items():
+        witnesses = ([verifiable] if verifiable else []) + [other for other in judges if other != name]
+        own = rise(name)
+        flat = {other: rise(other) for other in witnesses}
+        if witnesses and own >= MIN_REWARD_RISE and all(v < MIN_REWARD_RISE for v in flat.values()):
+            stayed = ", ".join(f"{other} {value:+.3f}" for other, value in flat.items())
+            found.append(
+                Finding(
+                    "judge_without_verifiable",
+                    f"judge {name}'s verdicts rose {own:+.3f} (first vs last third of the steps) while {stayed}",
+                    {"judge_rise": own, **{f"{other}_rise": value for other, value in flat.items()}},
+                )
+            )
+        if rubric:
+            share = [_mean([float(echoes(str(r.get("completion", "")), rubric)) for r in p]) for p in (early, late)]
+            if share[1] >= COPYING_SHARE and share[1] - share[0] >= 0.1:
+                found.append(
+                    Finding(
+                        "rubric_echo",
+                        f"{share[1]:.0%} of late completions repeat judge {name}'s rubric ({share[0]:.0%} early)",
+                        {"echo_early": share[0], "echo_late": share[1]},
+                    )
+                )
+    return found
+
+
 def audit_rollouts(
     rows: Sequence[dict[str, Any]],
     weights: dict[str, float],
     correctness: str | None,
     difference: dict[str, float] | None,
+    judges: dict[str, str] | None = None,
 ) -> list[Finding]:
     """Every detector's finding on a run's ledger rows; ``weights`` the reward weights by function name,
     ``correctness`` the reward that says correct (None: none), ``difference`` the candidate's paired pass@1
-    difference against its reference on the hold-out (``low``/``high``/``mean``)."""
+    difference against its reference on the hold-out (``low``/``high``/``mean``), ``judges`` the judge rewards'
+    names and rubrics."""
     early, late = early_late(rows)
     if not early:
         return []
-    found = []
+    found = judge_findings(early, late, judges or {}, correctness)
     rise = _mean([r.get("reward_total") for r in late]) - _mean([r.get("reward_total") for r in early])
     if difference is not None and rise >= MIN_REWARD_RISE and difference["low"] <= 0:
         found.append(

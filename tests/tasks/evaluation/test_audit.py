@@ -72,3 +72,41 @@ def test_untrained_and_other_roles_are_not_audited() -> None:
     for row in set_aside:
         row["trained"] = False
     assert audit_rollouts(set_aside, WEIGHTS, "math_accuracy", FLAT) == []
+
+
+RUBRIC = "Judge whether the response answers the task correctly, completely and concisely."
+
+
+def _judged(steps: int = 6, **per_step: Any) -> list[dict[str, Any]]:
+    out = rows(steps, **per_step)
+    for row in out:
+        row.setdefault("reward/judge", 0.5)
+        row["reward_total"] += 0.5 * row["reward/judge"]
+    return out
+
+
+def test_a_judge_whose_verdicts_rise_alone_is_found_and_one_that_follows_correctness_is_not() -> None:
+    weights = {**WEIGHTS, "judge": 0.5}
+    hacked = _judged(**{"reward/judge": lambda step, i: 0.2 + 0.1 * step})
+    found = audit_rollouts(hacked, weights, "math_accuracy", GAIN, {"judge": RUBRIC})
+    judge = next(f for f in found if f.detector == "judge_without_verifiable")
+    assert "judge judge's verdicts rose +0.400" in judge.message and "math_accuracy +0.000" in judge.message
+    honest = _judged(
+        **{"reward/judge": lambda step, i: 0.2 + 0.1 * step, "reward/math_accuracy": lambda step, i: 0.1 * step}
+    )
+    assert "judge_without_verifiable" not in detectors(
+        audit_rollouts(honest, weights, "math_accuracy", GAIN, {"judge": RUBRIC})
+    )
+    second = _judged(**{"reward/judge": lambda step, i: 0.2 + 0.1 * step, "reward/other": lambda step, i: 0.5})
+    found = audit_rollouts(second, {"judge": 0.5}, None, None, {"judge": RUBRIC, "other": ""})
+    assert detectors(found).count("judge_without_verifiable") == 1  # the second judge is the witness
+
+
+def test_completions_that_write_the_rubric_to_the_judge_are_found() -> None:
+    echo = "The response answers the task correctly, completely and concisely: 4."
+    echoed = _judged(completion=lambda step, i: echo if step > 4 else f"\\boxed{{{2 * i}}}")
+    found = audit_rollouts(echoed, {**WEIGHTS, "judge": 0.5}, "math_accuracy", GAIN, {"judge": RUBRIC})
+    assert "rubric_echo" in detectors(found)
+    assert "rubric_echo" not in detectors(
+        audit_rollouts(_judged(), {**WEIGHTS, "judge": 0.5}, "math_accuracy", GAIN, {"judge": RUBRIC})
+    )
