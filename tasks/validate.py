@@ -261,8 +261,13 @@ def enforce_judges(result: ValidateResult, stage_dir: Path) -> None:
         raise JudgeCanaryFailed(
             f"judge {r['judge']} ordered {r['ordered']}/{r['pairs']} canary pairs right ({r['ordered_share']:.0%} < "
             f"canaries.judge_min_ordered {r['threshold']:.0%}): {r['ties']} tied, {r['reversed']} reversed, "
-            f"{r['unjudged']} unjudged; see {stage_dir / 'judge_canaries.json'}\n"
-            "it cannot tell a reference answer from a wrong or off-task one: fix its prompt, rubric or model first"
+            f"{r['unjudged']} unjudged{' (' + r['last_error'] + ')' if r.get('last_error') else ''}; see "
+            f"{stage_dir / 'judge_canaries.json'}\n"
+            + (
+                "it gave no verdicts: is it up at its url? (grpoflow vllm-serve --judge MODEL serves one)"
+                if r["unjudged"] == r["pairs"]
+                else "it cannot tell a reference answer from a wrong or off-task one: fix its prompt, rubric or model"
+            )
         )
 
 

@@ -138,12 +138,14 @@ def setup_logging() -> None:
 def validated(cfg: PipelineConfig, show: bool = False, folder: Path | None = None) -> Any:
     """Run the validate stage into ``folder`` (default output_dir/validate) for a standalone command; past the
     limits, a user error."""
-    from tasks.validate import enforce_limits, run_validate
+    from tasks.validate import enforce_judges, enforce_limits, run_validate
 
-    result = run_validate(cfg, folder or command_dir(cfg.output_dir, "validate"))
+    stage_dir = folder or command_dir(cfg.output_dir, "validate")
+    result = run_validate(cfg, stage_dir)
     if show:
         console.print_json(json.dumps(result.to_json()))
     enforce_limits(result, cfg)
+    enforce_judges(result, stage_dir)
     return result
 
 

@@ -101,6 +101,7 @@ class CanaryReport:
     unjudged: int
     threshold: float
     failures: list[dict[str, Any]] = field(default_factory=list)
+    last_error: str | None = None  # why verdicts were None (a judge that is down, slow or unreadable)
 
     @property
     def ordered_share(self) -> float:
@@ -133,6 +134,8 @@ def check_judge(
     )
     better, worse = verdicts[: len(pairs)], verdicts[len(pairs) :]
     report = CanaryReport(name, len(pairs), 0, 0, 0, 0, threshold)
+    if None in verdicts:
+        report.last_error = getattr(getattr(reward, "stats", None), "last_error", None)
     for pair, high, low in zip(pairs, better, worse, strict=True):
         if high is None or low is None:
             report.unjudged += 1

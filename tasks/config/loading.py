@@ -72,11 +72,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if config_dir is not None:
         anchor_paths(raw, config_dir)  # paths written in the file: relative to the file's folder
     for dotted, value in (overrides or {}).items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(raw, dotted, value)
     anchor_paths(raw, Path.cwd())  # the rest (from --set): relative to the current folder
     try:
         config = PipelineConfig.model_validate(raw)
@@ -84,6 +80,28 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise ConfigError(f"{source}: invalid config\n{_format_errors(exc)}") from exc
     import_rewards(config, config_dir, source)
     return config
+
+
+def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``dotted`` (``grpo.max_steps``; a number picks a list's item: ``rewards.0.args.url``) in ``raw``.
+
+    >>> raw = {"rewards": [{"name": "llm_judge", "args": {}}]}
+    >>> set_dotted(raw, "rewards.0.args.url", "http://h:1/v1"); set_dotted(raw, "grpo.max_steps", 3); raw["grpo"]
+    {'max_steps': 3}
+    >>> raw["rewards"][0]["args"]
+    {'url': 'http://h:1/v1'}
+    """
+    node: Any = raw
+    *parents, leaf = dotted.split(".")
+    try:
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        if isinstance(node, list):
+            node[int(leaf)] = value
+        else:
+            node[leaf] = value
+    except (ValueError, IndexError, AttributeError, TypeError) as exc:
+        raise ConfigError(f"--set {dotted}: no such place in the config ({exc})") from None
 
 
 def _is_data_path(source: Any) -> bool:
