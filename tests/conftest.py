@@ -366,7 +366,16 @@ def judge_server() -> Iterator[JudgeServer]:
                 body = b"<html>not an API</html>"
             else:
                 content = "the score is high" if state.mode == "garbage" else state.answer(payload)
-                body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+                choice: dict[str, Any] = {"message": {"role": "assistant", "content": content}}
+                if payload.get("logprobs"):  # the answer at 0.75, the allowed choice farthest from it at 0.25
+                    allowed = (payload.get("structured_outputs") or {}).get("choice") or [content]
+                    other = max(
+                        allowed,
+                        key=lambda c: abs(allowed.index(c) - allowed.index(content)) if content in allowed else 0,
+                    )
+                    top = [{"token": content, "logprob": -0.2877}, {"token": other, "logprob": -1.3863}]
+                    choice["logprobs"] = {"content": [{"token": content, "top_logprobs": top}]}
+                body = json.dumps({"choices": [choice]}).encode()
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -60,6 +61,31 @@ def parse_score(text: str | None, max_score: int) -> float | None:
         return None
     value = float(match[0])
     return value / max_score if 0 <= value <= max_score else None
+
+
+def expected_score(top_logprobs: dict[str, float] | None, max_score: int) -> float | None:
+    """A pointwise verdict as the judge's expected score (G-Eval's weighting): the probability-weighted mean of the
+    score tokens among the first token's top log-probabilities, over ``max_score``; None when none is a score.
+    A weak judge whose most likely answer is the same for everything still ranks answers this way.
+
+    >>> import math; expected_score({"1": math.log(0.5), "3": math.log(0.5), "x": 0.0}, 4)
+    0.5
+    """
+    weights = {int(t.strip()): math.exp(lp) for t, lp in (top_logprobs or {}).items() if t.strip().isdigit()}
+    weights = {score: w for score, w in weights.items() if 0 <= score <= max_score}
+    total = sum(weights.values())
+    return sum(score * w for score, w in weights.items()) / total / max_score if total > 0 else None
+
+
+def expected_choice(top_logprobs: dict[str, float] | None) -> float | None:
+    """A pairwise answer as the probability of A among A and B; None when neither is there.
+
+    >>> import math; round(expected_choice({"A": math.log(0.3), "B": math.log(0.1)}), 3)
+    0.75
+    """
+    weights = {t.strip().upper(): math.exp(lp) for t, lp in (top_logprobs or {}).items()}
+    a, b = weights.get("A", 0.0), weights.get("B", 0.0)
+    return a / (a + b) if a + b > 0 else None
 
 
 def parse_choice(text: str | None) -> str | None:
@@ -138,15 +164,18 @@ class LLMJudge:
         }
         if settings.seed_requests:
             payload["seed"] = seed
+        if settings.score == "expected":  # the first token's distribution is the verdict
+            payload.update(max_tokens=1, logprobs=True, top_logprobs=20)
         if settings.structured_outputs:
             choices = ["A", "B"] if settings.mode == "pairwise" else [str(s) for s in range(settings.max_score + 1)]
             payload["structured_outputs"] = {"choice": choices}
         return payload
 
     # -- the requests -------------------------------------------------------------------------------------------
-    async def _ask(self, client: Any, bound: asyncio.Semaphore, payload: dict[str, Any]) -> str | None:
-        """The judge's answer text, or None after the retries (the reason kept in ``stats.last_error``). A request
-        holds one of the ``max_concurrency`` slots; a backoff does not."""
+    async def _ask(self, client: Any, bound: asyncio.Semaphore, payload: dict[str, Any]) -> Any:
+        """The judge's answer: its text, or with ``score: expected`` the first token's top log-probabilities;
+        None after the retries (the reason kept in ``stats.last_error``). A request holds one of the
+        ``max_concurrency`` slots; a backoff does not."""
         import httpx
 
         url = self.settings.url.rstrip("/") + "/chat/completions"
@@ -160,7 +189,10 @@ class LLMJudge:
                 if response.status_code >= 400:
                     self.stats.last_error = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
                     return None
-                content = response.json()["choices"][0]["message"]["content"]
+                choice = response.json()["choices"][0]
+                if self.settings.score == "expected":
+                    return {t["token"]: float(t["logprob"]) for t in choice["logprobs"]["content"][0]["top_logprobs"]}
+                content = choice["message"]["content"]
                 return content if isinstance(content, str) else None
             except (httpx.TransportError, _Retryable) as exc:
                 self.stats.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -177,6 +209,15 @@ class LLMJudge:
         answers = [
             await self._ask(client, bound, self._payload(turn, seed + order)) for order, turn in enumerate(messages)
         ]
+        if self.settings.score == "expected":
+            if self.settings.mode == "pointwise":
+                return expected_score(answers[0], self.settings.max_score)
+            first, second = (expected_choice(a) for a in answers)
+            if first is None or second is None:
+                return None
+            score = (first + (1 - second)) / 2  # P(the completion wins) in each order
+            self.stats.split += abs(first - (1 - second)) >= 0.5
+            return score
         if self.settings.mode == "pointwise":
             return parse_score(answers[0], self.settings.max_score)
         wins = [parse_choice(answers[0]), parse_choice(answers[1])]

@@ -74,6 +74,12 @@ class LLMJudgeSettings(_Settings):
     reference_completion_column: str = Field(
         "reference_completion", description="pairwise: the column holding the completion to compare against."
     )
+    score: Literal["choice", "expected"] = Field(
+        "choice",
+        description="choice: the judge's answer is the verdict; expected: the probability-weighted mean of the "
+        "scores (or A/B) in its first token's top log-probabilities (G-Eval), which ranks answers even where a weak "
+        "judge's most likely answer is the same for all (needs logprobs at the endpoint and max_score <= 9).",
+    )
     max_score: int = Field(10, ge=1, le=100)
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(8, ge=1)
@@ -98,6 +104,12 @@ class LLMJudgeSettings(_Settings):
     )
 
     @model_validator(mode="after")
+    def _one_token_scores(self) -> LLMJudgeSettings:
+        if self.score == "expected" and self.max_score > 9:
+            raise ValueError("score expected reads one token: max_score must be 9 or less (10 is two tokens)")
+        return self
+
+    @model_validator(mode="after")
     def _template_fits(self) -> LLMJudgeSettings:
         if self.template is not None:
             needed = ("{first}", "{second}") if self.mode == "pairwise" else ("{completion}",)
@@ -116,6 +128,7 @@ class LLMJudgeSettings(_Settings):
             "template": self.template or (PAIRWISE_TEMPLATE if self.mode == "pairwise" else POINTWISE_TEMPLATE),
             "rubric": self.rubric,
             "max_score": self.max_score,
+            "score": self.score,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "structured_outputs": self.structured_outputs,

@@ -124,3 +124,14 @@ def test_judge_args_are_checked_when_the_config_loads() -> None:
         RewardSpec(name="llm_judge", args={"model": "j", "temprature": 0.5})
     with pytest.raises(ValueError, match="pairwise judge's template needs {first}, {second}"):
         RewardSpec(name="llm_judge", args={"url": "u", "model": "j", "mode": "pairwise", "template": "{completion}"})
+
+
+def test_the_expected_score_weighs_the_scores_the_judge_gave_probability(judge_server) -> None:
+    """G-Eval's weighting: the answer at 0.75 and the farthest score at 0.25 give 0.75 × answer + 0.25 × other."""
+    judge_server.answer = lambda payload: "9" if "Reference answer:\n42\n" in payload["messages"][0]["content"] else "3"
+    judge = _judge(judge_server, score="expected", max_score=9)
+    verdicts = asyncio.run(judge(completions=COMPLETIONS[:2], prompts=PROMPTS[:2], ground_truth=GOLD[:2]))
+    assert [round(v, 4) for v in verdicts] == [round(0.75 * 1 + 0.25 * 0, 4), round((0.75 * 3 + 0.25 * 9) / 9, 4)]
+    assert all(r["top_logprobs"] == 20 and r["max_tokens"] == 1 for r in judge_server.requests)
+    with pytest.raises(ValueError, match="max_score must be 9 or less"):
+        LLMJudgeSettings(url="u", model="m", score="expected")
