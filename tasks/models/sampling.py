@@ -193,26 +193,8 @@ def pipeline_server_command(
     """The command (and the environment it adds) that serves this pipeline's base model with vLLM for server
     mode: the same dtype, LoRA rank, context length and KV-cache size as the in-process engine, adapters loaded at
     run time (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
-    from tasks.models.vllm_server import server_command
-
-    spec = pipeline_engine_spec(config, base_model_dir)
-    command = server_command(
-        base_model_dir,
-        host=host,
-        port=port,
-        dtype=spec.dtype,
-        max_lora_rank=spec.max_lora_rank,
-        max_model_len=spec.max_model_len,
-        kv_cache_bytes=spec.kv_cache_bytes,
-        gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
-    )
-    # The server's own process logs as vLLM does (to its output, which vllm-serve keeps in a file).
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CONFIGURE_LOGGING": "1"}
-    if spec.kv_cache_bytes is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:  # a CPU server
-        # vLLM's CPU default keeps a core for its scheduler (one of two here); bound to every core this process
-        # may use, the model computes on all of them (bench/bench_server_cores.py: +33 % tokens/s on two cores).
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(os.sched_getaffinity(0))
-    return command, env
+    command, env, _ = _served(config, base_model_dir, host, port, lora=True)
+    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **env}
 
 
 def judge_server_command(
@@ -221,24 +203,37 @@ def judge_server_command(
     """The command that serves ``judge_model_dir`` as an LLM judge (``grpoflow vllm-serve --judge``): no LoRA, the
     pipeline's dtype and, on a CPU, a KV cache sized for the judge's own prompts (``vllm_max_model_len``); the
     environment it adds; whether it runs on a CPU (where vLLM's engine dies on a per-request seed)."""
+    return _served(config, judge_model_dir, host, port, lora=False, served_name=served_name)
+
+
+def _served(
+    config: Any, model_dir: Path, host: str, port: int, lora: bool, **options: Any
+) -> tuple[list[str], dict[str, str], bool]:
+    """vLLM's server command for ``model_dir`` with the pipeline engine's dtype, context length and KV cache, the
+    environment it adds, and whether it runs on a CPU."""
     from tasks.models.vllm_server import server_command
 
-    spec = pipeline_engine_spec(config, judge_model_dir)
+    spec = pipeline_engine_spec(config, model_dir)
     command = server_command(
-        judge_model_dir,
+        model_dir,
         host=host,
         port=port,
         dtype=spec.dtype,
+        max_lora_rank=spec.max_lora_rank,
         max_model_len=spec.max_model_len,
         kv_cache_bytes=spec.kv_cache_bytes,
         gpu_memory_utilization=None if spec.kv_cache_bytes else spec.gpu_memory_utilization,
-        served_name=served_name,
-        lora=False,
+        lora=lora,
+        **options,
     )
+    # The server's own process logs as vLLM does (to its output, which vllm-serve keeps in a file).
     env = {"VLLM_CONFIGURE_LOGGING": "1"}
-    if spec.kv_cache_bytes is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    on_cpu = spec.kv_cache_bytes is not None
+    if on_cpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        # vLLM's CPU default keeps a core for its scheduler (one of two here); bound to every core this process
+        # may use, the model computes on all of them (bench/bench_server_cores.py: +33 % tokens/s on two cores).
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(os.sched_getaffinity(0))
-    return command, env, spec.kv_cache_bytes is not None
+    return command, env, on_cpu
 
 
 def cpu_list(cpus: set[int]) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.config import load_config
 from tasks.models import VllmServerClient, VllmServerUnavailable, engine_spec, pipeline_engine_spec
-from tasks.models.sampling import pipeline_server_command
+from tasks.models.sampling import judge_server_command, pipeline_server_command
 from tasks.models.vllm_engine import KV_CACHE_CAP_BYTES, kv_bytes_per_token, max_lora_rank
 
 
@@ -57,6 +57,9 @@ def test_a_pipeline_has_one_engine_spec_and_the_server_gets_the_same_settings(ti
     joined = " ".join(command)
     assert "--enable-lora --max-lora-rank 16" in joined and "--dtype bfloat16" in joined
     assert f"--kv-cache-memory-bytes {spec.kv_cache_bytes}" in joined and "--port 8123" in joined
+    judge, judge_env, on_cpu = judge_server_command(config, base, "127.0.0.1", 8124)  # vllm-serve --judge
+    assert on_cpu and "--enable-lora" not in judge and "--served-model-name judge" in " ".join(judge)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in judge_env and judge_env["VLLM_CPU_OMP_THREADS_BIND"]
 
 
 def test_a_server_that_is_not_there_is_one_error_naming_its_url() -> None:
