@@ -85,7 +85,7 @@ def score_groups(
     group_size = len(completions[0]) if completions else 0
     flat = [text for group in completions for text in group]
     columns = reward_columns(rows, group_size)
-    columns["prompts"] = [row["prompt"] for row in rows for _ in range(group_size)]  # as TRL hands them (judges)
+    columns["prompts"] = [row.get("prompt", "") for row in rows for _ in range(group_size)]  # as TRL hands them
     functions, weights = build_reward_functions(config.rewards, verdict_cache(config.rewards))
     per_function: dict[str, np.ndarray] = {}
     total = np.zeros(len(flat))
