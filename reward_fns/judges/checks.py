@@ -11,9 +11,11 @@ Must not import: ``tasks``, ``flows``, Prefect, MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,12 +192,6 @@ def agreement(judged: Sequence[float | None], verifiable: Sequence[float | None]
         "judged_on_incorrect": sum(wrong) / len(wrong) if wrong else math.nan,
         "correlation": math.nan,
     }
-    if len(both) > 1:
-        mj = sum(j for j, _ in both) / len(both)
-        mv = sum(v for _, v in both) / len(both)
-        cov = sum((j - mj) * (v - mv) for j, v in both)
-        sj = math.sqrt(sum((j - mj) ** 2 for j, _ in both))
-        sv = math.sqrt(sum((v - mv) ** 2 for _, v in both))
-        if sj > 0 and sv > 0:
-            result["correlation"] = cov / (sj * sv)
+    with contextlib.suppress(statistics.StatisticsError):  # fewer than two pairs, or one side constant
+        result["correlation"] = statistics.correlation([j for j, _ in both], [v for _, v in both])
     return result

@@ -7,6 +7,7 @@ Must not import: ``tasks``, ``flows``, Prefect, MLflow.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -44,6 +45,23 @@ def model_digest(source: str) -> str:
     return digest.hexdigest()[:20]
 
 
+@functools.lru_cache(maxsize=2)
+def load_reward_model(source: str, digest: str) -> tuple[Any, Any]:
+    """The model and tokenizer behind ``source``, loaded once per process and content (``digest``): every stage
+    builds its rewards afresh (validate's canaries, each probe, each evaluated model), and a reward model is no
+    cheaper to load than the policy."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.truncation_side = "left"  # the completion's end is what is judged
+    model = AutoModelForSequenceClassification.from_pretrained(source).eval()
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
 class RewardModel:
     """The reward: ``reward(completions=..., prompts=...)`` → one score per completion (sigmoid of the model's
     logit by default). The model loads at the first call, once per process."""
@@ -71,16 +89,7 @@ class RewardModel:
     def _model(self) -> tuple[Any, Any]:
         with self._lock:
             if self._loaded is None:
-                from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(self.settings.model)
-                if tokenizer.pad_token is None:
-                    tokenizer.pad_token = tokenizer.eos_token
-                tokenizer.truncation_side = "left"  # the completion's end is what is judged
-                model = AutoModelForSequenceClassification.from_pretrained(self.settings.model).eval()
-                if model.config.pad_token_id is None:
-                    model.config.pad_token_id = tokenizer.pad_token_id
-                self._loaded = (model, tokenizer)
+                self._loaded = load_reward_model(self.settings.model, self.identity["model"])
             return self._loaded
 
     def text(self, prompt: Any, completion: Any) -> str:

@@ -40,7 +40,7 @@ def judge_bias(
         return {}
     rewards, _ = build_reward_functions(specs, verdict_cache(specs))
     chosen = list(range(min(limit, len(rows))))
-    columns = {name: values for name, values in reward_columns([rows[i] for i in chosen]).items()}
+    columns = reward_columns([rows[i] for i in chosen])
     prompts = [rows[i]["prompt"] for i in chosen]
     firsts = [completions[i][0] for i in chosen]
     correct = np.asarray(scores["correct"], dtype=float).ravel().tolist()
