@@ -55,7 +55,8 @@ class LLMJudgeSettings(_Settings):
     model_digest: str | None = Field(
         None,
         description="The judge model's content digest (grpoflow vllm-serve --judge prints it): part of the verdict "
-        "cache's key, so a changed judge behind the same name is asked again. Default: the model's name.",
+        "cache's key, so a changed judge behind the same name is asked again, and the same judge on another host "
+        "shares its verdicts. Default: the model's name at its URL (never another endpoint's verdicts).",
     )
     mode: Literal["pointwise", "pairwise"] = Field(
         "pointwise",
@@ -119,11 +120,12 @@ class LLMJudgeSettings(_Settings):
         return self
 
     def identity(self) -> dict[str, object]:
-        """What decides a verdict besides its prompt and completion: the verdict cache's key (the URL is left
-        out: the same judge on another host gives the same verdicts)."""
+        """What decides a verdict besides its prompt and completion: the verdict cache's key. With a digest the
+        URL is left out (the same judge on another host gives the same verdicts); without one the name alone
+        could be any model, so the endpoint is part of it."""
         return {
             "kind": "llm_judge",
-            "model": self.model_digest or self.model,
+            "model": self.model_digest or f"{self.model}@{self.url.rstrip('/')}",
             "mode": self.mode,
             "template": self.template or (PAIRWISE_TEMPLATE if self.mode == "pairwise" else POINTWISE_TEMPLATE),
             "rubric": self.rubric,
