@@ -62,6 +62,32 @@ for _package in ("tasks", "reward_fns", "flows"):
         logging.getLogger(_package).setLevel(logging.INFO)
 
 
+def restore_defaults(instance: Any, state: dict[str, Any]) -> None:
+    """A dataclass's ``__setstate__``: the pickled state, and the defaults of fields added since it was pickled
+    (a field with a ``default_factory`` has no class attribute to fall back on), so Prefect's cached results of a
+    run started before a release still load after it.
+
+    >>> import dataclasses, pickle
+    >>> @dataclasses.dataclass
+    ... class Result:
+    ...     name: str
+    ...     added: list = dataclasses.field(default_factory=list)
+    ...     __setstate__ = restore_defaults
+    >>> restored = Result.__new__(Result); restored.__setstate__({"name": "old"}); restored
+    Result(name='old', added=[])
+    """
+    import dataclasses
+
+    instance.__dict__.update(state)
+    for field in dataclasses.fields(instance):
+        if field.name in instance.__dict__:
+            continue
+        if field.default is not dataclasses.MISSING:
+            instance.__dict__[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            instance.__dict__[field.name] = field.default_factory()
+
+
 def lazy_surface(package: str, exports: dict[str, str]) -> tuple[Any, Any, list[str]]:
     """A package's public surface, loaded on first use (as TRL's ``_LazyModule``): ``exports`` maps each public
     name to the module behind the package that defines it. Importing the package imports none of them, so a name

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks import restore_defaults
 from tasks.config import PipelineConfig
 from tasks.evaluation import (
     Completions,
@@ -68,6 +69,8 @@ class ModelSpec:
 
 @dataclass
 class ModelScores:
+    __setstate__ = restore_defaults  # results pickled before a field was added load with its default
+
     name: str
     n_prompts: int
     n_samples: int
@@ -117,9 +120,7 @@ class EvalResult:
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Results pickled before roles existed (Prefect's cache of a run started then) listed their models as
         ``[base, sft?, champion?, candidate]``; their roles are read from that order, once, here."""
-        self.__dict__.update(state)
-        self.__dict__.setdefault("forgetting_reference", None)
-        self.__dict__.setdefault("judged", {})
+        restore_defaults(self, state)
         if not self.__dict__.get("roles"):
             names = list(self.scores)
             self.roles = {"base": names[0], "candidate": names[-1]}

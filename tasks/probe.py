@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks import restore_defaults
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop
 from tasks.evaluation import Job, JobShare, judge_bias, processes_for, run_jobs, score_groups
@@ -42,6 +43,8 @@ class NoLearningSignal(GateStop, RuntimeError):
 
 @dataclass
 class ProbeResult:
+    __setstate__ = restore_defaults  # results pickled before a field was added load with its default
+
     label: str
     prompts: int
     group_size: int

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks import restore_defaults
 from tasks.config import DataSettings, PipelineConfig
 from tasks.errors import GateStop, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
@@ -37,6 +38,8 @@ class QuarantineLimitExceeded(UserError, RuntimeError):
 
 @dataclass
 class ValidateResult:
+    __setstate__ = restore_defaults  # results pickled before a field was added load with its default
+
     train_path: Path
     holdout_path: Path
     quarantine_path: Path

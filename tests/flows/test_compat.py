@@ -31,3 +31,24 @@ def test_results_cached_before_the_restructuring_still_load(tiny_config) -> None
     assert case.champion_version is None  # not recorded then: promotion re-checks the alias and refuses a move
     assert decide_promotion(case, tiny_config.promotion)[0] is True
     assert evaluation.to_json()["models"]["grpo"]["greedy_accuracy"] == 0.875
+
+
+def test_results_pickled_before_a_field_was_added_load_with_its_default() -> None:
+    """A run started before the judged rewards resumes after them: its cached validate, probe and model scores lack
+    ``judge_canaries``, ``judge_bias`` and ``judged`` (fields with a default factory: no class attribute)."""
+    import pickle
+
+    from tasks.evaluate import ModelScores
+    from tasks.probe import ProbeResult
+    from tasks.validate import ValidateResult
+
+    old = [
+        ValidateResult(Path("t"), Path("h"), Path("q"), Path("r"), 1, 1, 0, 1, 0, "f"),
+        ProbeResult("base", 1, 1, 0.0, 0.0, {}, 0.0, 0, 0, 0.0, {}),
+        ModelScores("base", 1, 1, 0.0, {}, (0.0, 0.0), [], []),
+    ]
+    for result, added in zip(old, ("judge_canaries", "judge_bias", "judged"), strict=True):
+        del result.__dict__[added]
+        loaded = pickle.loads(pickle.dumps(result))
+        assert getattr(loaded, added) in ([], {})
+    assert pickle.loads(pickle.dumps(old[0])).to_json()["judge_canaries"] == []
