@@ -524,8 +524,16 @@ def run_job(job: dict, result_fd: int) -> None:
     builtins_intact = _builtins_intact
     memory_error, untrusted_comparison, base_exception = MemoryError, UntrustedComparison, BaseException
     exits = (SystemExit, KeyboardInterrupt)
+    # What the program printed is still in the interpreter's buffers at the end: flushed before the record (the
+    # streams as they were before it ran: a replaced sys.stdout is not the run's output), so a short print shows.
+    flushes = (sys.stdout.flush, sys.stderr.flush)
 
     def finish(line: str) -> None:
+        for flush in flushes:
+            try:  # noqa: SIM105 - not contextlib: the program may have patched that shared module
+                flush()
+            except base_exception:  # a closed or full stream: the record is written all the same
+                pass
         data = encode(line + "\n")
         while data:
             data = data[write(result_fd, data) :]

@@ -37,5 +37,10 @@ _EXPORTS = {
     "TaskKind": "settings",
     "TrackingSettings": "settings",
     "WatchSettings": "settings",
+    "PYTHON_TOOL": "tools",
+    "ToolCanary": "tools",
+    "ToolSettings": "tools",
+    "ToolSpec": "tools",
+    "import_object": "loading",
 }
 __getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

@@ -79,6 +79,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid config\n{_format_errors(exc)}") from exc
     import_rewards(config, config_dir, source)
+    import_tools(config, config_dir, source)
     return config
 
 
@@ -147,6 +148,10 @@ def anchor_paths(raw: dict[str, Any], base: Path) -> None:
         model = args.get("model") if isinstance(args, dict) and spec.get("name") == "reward_model" else None
         if isinstance(model, str) and (model.startswith(".") or (base / model).exists()):  # a folder, not a Hub id
             args["model"] = anchored(model)
+    tools = raw.get("tools")
+    for spec in (tools.get("use") or []) if isinstance(tools, dict) else []:
+        if isinstance(spec, dict) and spec.get("path"):
+            spec["path"] = anchored(spec["path"])
     canaries = raw.get("canaries")
     for key in ("file", "judge_file"):
         if isinstance(canaries, dict) and canaries.get(key):
@@ -163,22 +168,51 @@ def import_rewards(config: PipelineConfig, config_dir: Path | None, source: str)
     from reward_fns.registry import resolve_reward
 
     for index, spec in enumerate(config.rewards):
-        if ":" not in spec.name:
-            continue
+        if ":" in spec.name:
+            _import_from_paths("rewards", index, spec, resolve_reward, config_dir, source)
+
+
+def import_tools(config: PipelineConfig, config_dir: Path | None, source: str) -> None:
+    """Import every tool given as ``module:function`` or ``module:Class`` now, as rewards are (``import_rewards``);
+    whether it can be a tool (type hints, a docstring for every argument) is checked where its schema is built
+    (``tasks.environments``), by ``grpoflow check`` and the validate stage."""
+    for index, spec in enumerate(config.tools.use):
+        if ":" in spec.name:
+            _import_from_paths("tools.use", index, spec, import_object, config_dir, source)
+
+
+def import_object(name: str, path: str | Path | None = None) -> Any:
+    """The object behind ``package.module:attribute``; ``path`` (a folder) is put on ``sys.path`` first.
+    ValueError names what could not be imported."""
+    import importlib
+    import sys
+
+    if path is not None and str(path) not in sys.path:
+        sys.path.append(str(path))
+    module_name, _, attribute = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{name!r} cannot be imported: {exc}") from exc
+
+
+def _import_from_paths(section: str, index: int, spec: Any, resolve: Any, config_dir: Path | None, source: str) -> None:
+    """``resolve(spec.name, folder)`` from the spec's ``path``, else ``sys.path``, else the config's folder (which
+    then becomes its ``path``); a ConfigError naming ``section.index`` when none works."""
+    try:
+        resolve(spec.name, spec.path)
+    except ValueError as first:
+        if spec.path is not None or config_dir is None:
+            where = f"{section}.{index}.path ({spec.path})" if spec.path else "PYTHONPATH"
+            raise ConfigError(
+                f"{source}: {section}.{index}.name: {first}; the module must be importable from {where}"
+                + ("" if spec.path else f", or set {section}[].path to its folder")
+            ) from first
         try:
-            resolve_reward(spec.name, spec.path)
-        except ValueError as first:
-            if spec.path is not None or config_dir is None:
-                where = f"rewards.{index}.path ({spec.path})" if spec.path else "PYTHONPATH"
-                raise ConfigError(
-                    f"{source}: rewards.{index}.name: {first}; the module must be importable from {where}"
-                    + ("" if spec.path else ", or set rewards[].path to its folder")
-                ) from first
-            try:
-                resolve_reward(spec.name, config_dir)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"{source}: rewards.{index}.name: {exc}; the module must be importable from PYTHONPATH or "
-                    f"{config_dir}, or set rewards[].path to its folder"
-                ) from exc
-            spec.path = config_dir
+            resolve(spec.name, config_dir)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{source}: {section}.{index}.name: {exc}; the module must be importable from PYTHONPATH or "
+                f"{config_dir}, or set {section}[].path to its folder"
+            ) from exc
+        spec.path = config_dir

@@ -42,6 +42,7 @@ from tasks.config.settings import (
     WatchSettings,
     _Strict,
 )
+from tasks.config.tools import ToolSettings, tool_problems
 
 # Keys added since configs were first hashed: hashed only when set away from their default.
 ADDED_LATER = (
@@ -60,6 +61,7 @@ ADDED_LATER = (
     "canaries.judge_pairs",
     "canaries.judge_file",
     "canaries.judge_min_ordered",
+    "tools",
     *(f"grpo.{name}" for name in GRPOLossSettings.model_fields if name not in ("beta", "loss_type", "scale_rewards")),
     *(f"grpo.{name}" for name in GRPOSteeringSettings.model_fields),
 )
@@ -84,6 +86,7 @@ class PipelineConfig(_Strict):
     orchestration: OrchestrationSettings = OrchestrationSettings()
     watch: WatchSettings = WatchSettings()
     canaries: CanarySettings = CanarySettings()
+    tools: ToolSettings = ToolSettings()
 
     @field_validator("rewards")
     @classmethod
@@ -119,6 +122,13 @@ class PipelineConfig(_Strict):
             )
         if promotion.judge is not None and promotion.judge not in judges:
             raise ValueError(f"promotion.judge {promotion.judge!r} is not one of the judge rewards {judges}")
+        return self
+
+    @model_validator(mode="after")
+    def _tools_fit(self) -> PipelineConfig:
+        problems = tool_problems(self.tools, self.grpo)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def world_size(self) -> int:
