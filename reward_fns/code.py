@@ -8,10 +8,10 @@ Must not import: Prefect, MLflow, torch, ``tasks``.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections import OrderedDict
-from functools import lru_cache
 from typing import Any
 
 from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits, SandboxResult
@@ -35,10 +35,28 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
-@lru_cache(maxsize=8)
+_sandboxes: dict[tuple[SandboxLimits, int | None, int], Sandbox] = {}
+_sandboxes_lock = threading.Lock()
+
+
 def shared_sandbox(limits: SandboxLimits, workers: int | None = None) -> Sandbox:
-    """One sandbox per setting, reused across calls (isolation is detected once)."""
-    return Sandbox(limits, workers=workers)
+    """One sandbox per setting and process, reused across calls (isolation is detected once). A forked process
+    (evaluation's second worker) starts its own: the workers it inherited answer the parent's pipes."""
+    key = (limits, workers, os.getpid())
+    with _sandboxes_lock:
+        if key not in _sandboxes:
+            _sandboxes[key] = Sandbox(limits, workers=workers)
+        return _sandboxes[key]
+
+
+def close_process_sandboxes() -> None:
+    """Close the sandboxes this process started (not those a fork inherited): for a forked process that leaves
+    with ``os._exit``, which runs no exit handler."""
+    with _sandboxes_lock:
+        own = [key for key in _sandboxes if key[2] == os.getpid()]
+        sandboxes = [_sandboxes.pop(key) for key in own]
+    for sandbox in sandboxes:
+        sandbox.close()
 
 
 def run_programs(jobs: list[SandboxJob], limits: SandboxLimits, workers: int | None = None) -> list[SandboxResult]:

@@ -47,6 +47,9 @@ RUNTIME_DEFAULTS = {
     # vLLM's own console handler off: its records follow the console's rules and go to a log file
     # (tasks/models/vllm_logs.py, set up at the end of this module). A vLLM server process gets it back on.
     "VLLM_CONFIGURE_LOGGING": "0",
+    # TRL warns at every GRPO start that environment_factory (how grpoflow hands it the tools) is experimental: it
+    # is chosen knowingly (docs/tools.md), and the lock pins the TRL it was run on.
+    "TRL_EXPERIMENTAL_SILENCE": "1",
 }
 for _name, _value in {**TELEMETRY_OFF, **RUNTIME_DEFAULTS}.items():
     os.environ.setdefault(_name, _value)

@@ -40,6 +40,7 @@ from tasks.evaluation import (
     run_jobs,
     sampling_job,
     score_groups,
+    tool_use_figures,
     verdict_lists,
     win_rate,
 )
@@ -86,6 +87,9 @@ class ModelScores:
     engine: str = "transformers"  # what sampled its completions (tasks.models.engine_name)
     # per judge reward: its verdicts on the sampled completions, prompts × samples (None: no verdict)
     judged: dict[str, list[list[float | None]]] = field(default_factory=dict, repr=False)
+    # with tools: the same numbers without them (tools.evaluate_without), with the paired gain the tools give
+    without_tools: dict[str, Any] | None = field(default=None, repr=False)
+    tool_use: dict[str, float] = field(default_factory=dict)  # with tools: calls per rollout, error share...
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,7 +102,14 @@ class ModelScores:
             "tokens_per_second": self.tokens_per_second,
             "general": self.general.to_json() if self.general else None,
             "engine": self.engine,
+            **({"tool_use": self.tool_use} if self.tool_use else {}),
+            **({"without_tools": _public(self.without_tools)} if self.without_tools else {}),
         }
+
+
+def _public(numbers: dict[str, Any]) -> dict[str, Any]:
+    """A score's numbers without its per-prompt lists (what JSON and tables show)."""
+    return {key: value for key, value in numbers.items() if not key.startswith("per_prompt")}
 
 
 @dataclass
@@ -212,24 +223,24 @@ def _assemble(
     general: GeneralAbility | None,
     ledger_dir: Path | None,
 ) -> ModelScores:
-    """One model's scores from its completions (rewards computed here) and its forgetting check."""
+    """One model's scores from its completions (rewards computed here) and its forgetting check; with tools, its
+    scores without them beside (``without_tools``, with the paired gain the tools give)."""
     settings = config.evaluation
-    greedy_scores = score_groups(config, rows, sampled.greedy)
-    sampled_scores = score_groups(config, rows, sampled.sampled)
-    greedy_correct, sample_correct = greedy_scores["correct"][:, 0], sampled_scores["correct"]
-    if ledger_dir is not None:
-        for kind, completions, scored in (
-            ("greedy", sampled.greedy, greedy_scores),
-            ("sampled", sampled.sampled, sampled_scores),
-        ):
-            role = f"eval_{spec.name}" + ("_greedy" if kind == "greedy" else "")
-            ledger = sample_rows(role, rows, completions, scored["per_function"], scored["total"], sampled.backend)
-            write_part(ledger_dir, ledger, f"eval-{spec.name}-{kind}")
-    counts = sample_correct.sum(axis=1).astype(int)
-    per_prompt_pass1 = (counts / settings.n_samples).tolist()
+    numbers, greedy_correct, sampled_scores = _scored(
+        config, spec, rows, sampled.greedy, sampled.sampled, ledger_dir, "", sampled
+    )
+    without = None
+    if sampled.without_tools is not None:
+        plain, _, _ = _scored(config, spec, rows, *sampled.without_tools, ledger_dir, "_no_tools", sampled)
+        common = (settings.bootstrap_resamples, config.seed)
+        without = {
+            **plain,
+            "tool_gain": paired_difference(numbers["per_prompt_pass1"], plain["per_prompt_pass1"], *common),
+            "greedy_tool_gain": paired_difference(numbers["per_prompt_greedy"], plain["per_prompt_greedy"], *common),
+        }
     samples = [
-        {"prompt": prompt_text(row["prompt"]), "completion": sampled.greedy[i][0], "correct": bool(greedy_correct[i])}
-        for i, row in enumerate(rows[:3])
+        {"prompt": prompt_text(row["prompt"]), "completion": _text(sampled.greedy[i][0]), "correct": bool(c)}
+        for i, (row, c) in enumerate(zip(rows[:3], greedy_correct, strict=False))
     ]
     return ModelScores(
         samples=samples,
@@ -237,19 +248,63 @@ def _assemble(
         name=spec.name,
         n_prompts=len(rows),
         n_samples=settings.n_samples,
-        greedy_accuracy=float(greedy_correct.mean()),
-        pass_at_k={k: float(np.mean([pass_at_k(settings.n_samples, int(c), k) for c in counts])) for k in settings.k},
-        pass1_interval=bootstrap_interval(per_prompt_pass1, settings.bootstrap_resamples, config.seed),
-        per_prompt_pass1=per_prompt_pass1,
-        per_prompt_greedy=greedy_correct.tolist(),
+        greedy_accuracy=numbers["greedy_accuracy"],
+        pass_at_k=numbers["pass_at_k"],
+        pass1_interval=numbers["pass1_interval"],
+        per_prompt_pass1=numbers["per_prompt_pass1"],
+        per_prompt_greedy=numbers["per_prompt_greedy"],
         tokens_per_second=sampled.stats.tokens_per_second,
         general=general,
         engine=sampled.backend,
         judged={
-            spec.name.rsplit(":", 1)[-1]: verdict_lists(sampled_scores["per_function"][spec.name.rsplit(":", 1)[-1]])
-            for spec in judge_specs(config)
+            judge.name.rsplit(":", 1)[-1]: verdict_lists(sampled_scores["per_function"][judge.name.rsplit(":", 1)[-1]])
+            for judge in judge_specs(config)
         },
+        without_tools=without,
+        tool_use=tool_use_figures(sampled.sampled) if config.tools.enabled else {},
     )
+
+
+def _scored(
+    config: PipelineConfig,
+    spec: ModelSpec,
+    rows: list[dict[str, Any]],
+    greedy: list[list[Any]],
+    sampled: list[list[Any]],
+    ledger_dir: Path | None,
+    suffix: str,
+    completions: Completions,
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """Greedy accuracy, pass@k and the pass@1 interval of one set of completions (and its ledger parts, roles
+    ``eval_<model><suffix>`` and ``..._greedy``); with the greedy correctness per prompt and the sampled scores."""
+    settings = config.evaluation
+    greedy_scores = score_groups(config, rows, greedy)
+    sampled_scores = score_groups(config, rows, sampled)
+    if ledger_dir is not None:
+        for kind, drawn, scored in (("greedy", greedy, greedy_scores), ("sampled", sampled, sampled_scores)):
+            role = f"eval_{spec.name}{suffix}" + ("_greedy" if kind == "greedy" else "")
+            ledger = sample_rows(role, rows, drawn, scored["per_function"], scored["total"], completions.backend)
+            write_part(ledger_dir, ledger, f"eval-{spec.name}{suffix.replace('_', '-')}-{kind}")
+    greedy_correct = greedy_scores["correct"][:, 0]
+    counts = sampled_scores["correct"].sum(axis=1).astype(int)
+    per_prompt_pass1 = (counts / settings.n_samples).tolist()
+    numbers = {
+        "greedy_accuracy": float(greedy_correct.mean()),
+        "pass_at_k": {
+            k: float(np.mean([pass_at_k(settings.n_samples, int(c), k) for c in counts])) for k in settings.k
+        },
+        "pass1_interval": bootstrap_interval(per_prompt_pass1, settings.bootstrap_resamples, config.seed),
+        "per_prompt_pass1": per_prompt_pass1,
+        "per_prompt_greedy": greedy_correct.tolist(),
+    }
+    return numbers, greedy_correct, sampled_scores
+
+
+def _text(completion: Any) -> str:
+    """A completion as the card shows it: its text, or a tool-using conversation as text."""
+    from tasks.training import conversation_text
+
+    return completion if isinstance(completion, str) else conversation_text(completion)
 
 
 def compare(config: PipelineConfig, candidate: ModelScores, reference: ModelScores) -> dict[str, float]:

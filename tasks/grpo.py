@@ -14,8 +14,9 @@ from typing import Any
 
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
 from tasks.config import GenerationSettings, PipelineConfig, changed_settings, grpo_loss_args
+from tasks.environments import pipeline_tools
 from tasks.evaluation import verdict_cache
-from tasks.inputs import read_jsonl, render_prompt
+from tasks.inputs import prompt_messages, read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,
     CHECKPOINTS,
@@ -64,11 +65,15 @@ logger = logging.getLogger(__name__)
 
 def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
     """Rendered prompts plus every other column of the validated rows, which TRL hands the reward functions
-    (``reward_columns``: the same values evaluation hands them)."""
+    (``reward_columns``: the same values evaluation hands them). With tools, the prompts stay messages: TRL renders
+    them itself with the tools' schemas and parses the completions into conversations."""
     columns = reward_columns(rows)
+    system = config.data.system_prompt
     return [
         {
-            "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
+            "prompt": prompt_messages(row["prompt"], system)
+            if config.tools.enabled
+            else render_prompt(tokenizer, row["prompt"], system),
             **{name: values[index] for name, values in columns.items()},
         }
         for index, row in enumerate(rows)
@@ -144,10 +149,24 @@ def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, re
         steps_per_generation=settings.steps_per_generation,
         **grpo_loss_args(settings),
         **holdout_trainer_args(config),
+        **({"max_tool_calling_iterations": config.tools.max_turns} if config.tools.enabled else {}),
         reward_weights=reward_weights,
         logging_steps=settings.logging_steps,
         lr_scheduler_type="constant",
     )
+
+
+def tool_generation(trainer_class: type, backend: str) -> str:
+    """What samples a tool-using rollout's turns (TRL's tool loop calls the trainer's ``_generate_single_turn`` for
+    each): vLLM, grpoflow's shared-prefill loop, or TRL's transformers generation.
+
+    >>> tool_generation(grpo_trainer_class("off"), "transformers"), tool_generation(object, "vllm")
+    ('TRL transformers generate', 'vLLM')
+    """
+    if backend == "vllm":
+        return "vLLM"
+    shared = any(cls.__name__ == "SharedPrefillGRPOTrainer" for cls in trainer_class.__mro__)
+    return "grpoflow's shared-prefill loop" if shared else "TRL transformers generate"
 
 
 @functools.cache
@@ -200,6 +219,7 @@ def run_grpo(
     if not rows:
         raise ValueError("no training prompts left for GRPO (did the probe's pass-rate filter drop them all?)")
     tokenizer = load_tokenizer(base_model_dir)
+    tools = pipeline_tools(config, tokenizer)  # the template every stage renders tool turns with
     dataset = Dataset.from_list(grpo_examples(rows, tokenizer, config))
     eval_rows = slice_for(train_path, config) if config.grpo.eval_steps else []
     model = load_policy(base_model_dir, sft_adapter_dir, trainable=True)
@@ -220,6 +240,9 @@ def run_grpo(
     speedups = speedups_on(settings.speedups)
     trainer_class = grpo_trainer_class(settings.speedups)
     logger.info("GRPO trainer: %s (grpo.speedups %s)", trainer_class.__name__, settings.speedups)
+    if tools is not None:
+        summary = {**tool_tags(config, trainer_class), "template": tools[1].describe()}
+        logger.info("GRPO %s", "; ".join(f"{key.removeprefix('grpo.')}: {value}" for key, value in summary.items()))
     ledger = LedgerRecorder(stage_dir / LEDGER_DIR)
     holdout = HoldoutEvaluation(config, base_model_dir, eval_rows, ledger) if eval_rows else None
     patience = HoldoutPatience(settings.eval_metric, settings.eval_patience)
@@ -238,6 +261,7 @@ def run_grpo(
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
         vllm_setup=vllm_setup(config, base_model_dir, backend),
+        **({"environment_factory": tools[0].factory} if tools else {}),
         **({"precision": config.model.precision} if speedups else {}),
         model=model,
         reward_funcs=rewards,
@@ -315,10 +339,12 @@ def grpo_task(
     ``checkpoint_store`` (``tasks.training.remote_checkpoints.store_for``): each checkpoint is also copied there."""
     with tracked_stage(tracker, "grpo") as stage:
         stage.log_params({f"grpo.{k}": v for k, v in config.grpo.model_dump().items()})
+        trainer_class = grpo_trainer_class(config.grpo.speedups)
         stage.set_tags(
             {
                 "generation_backend_configured": config.grpo.generation.backend,
-                "grpo.trainer": grpo_trainer_class(config.grpo.speedups).__name__,
+                "grpo.trainer": trainer_class.__name__,
+                **tool_tags(config, trainer_class),
             }
         )
         if keep_ids is not None:
@@ -355,6 +381,19 @@ def grpo_task(
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)
         return result
+
+
+def tool_tags(config: PipelineConfig, trainer_class: type) -> dict[str, str]:
+    """The GRPO stage run's tags of tool use: the tools, their per-rollout limits, what samples their turns."""
+    if not config.tools.enabled:
+        return {}
+    tools = config.tools
+    limits = f"{tools.max_turns} rounds, {tools.max_calls} calls, {tools.max_seconds:g} s, {tools.max_output_bytes} B"
+    return {
+        "grpo.tools": ", ".join(spec.name for spec in tools.use),
+        "grpo.tool_limits": f"{limits} per rollout",
+        "grpo.tool_generation": tool_generation(trainer_class, pipeline_backend(config)),
+    }
 
 
 def report_selection(stage: Any, result: TrainResult) -> None:

@@ -33,9 +33,9 @@ def model_source_problem(source: str, revision: str | None = None) -> str | None
     >>> model_source_problem("tiny-random") is None
     True
     """
-    from tasks.models import SMOLLM2, TINY_RANDOM, TINY_RANDOM_VLLM
+    from tasks.models import SMOLLM2, TINY_MODELS
 
-    if source in (SMOLLM2, TINY_RANDOM, TINY_RANDOM_VLLM):
+    if source == SMOLLM2 or source in TINY_MODELS:
         return None
     local = Path(source).expanduser()
     if local.exists():

@@ -21,7 +21,7 @@ from tasks import restore_defaults
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop
 from tasks.evaluation import Job, JobShare, judge_bias, processes_for, run_jobs, score_groups
-from tasks.inputs import read_jsonl, render_prompt, write_jsonl
+from tasks.inputs import read_jsonl, write_jsonl
 from tasks.models import GenerationStats, policy_sampler, samples_on_cpu
 from tasks.tracking import (
     Tracker,
@@ -32,7 +32,7 @@ from tasks.tracking import (
     tracked_stage,
     work_bar,
 )
-from tasks.training import LEDGER_DIR, sample_rows, write_part
+from tasks.training import LEDGER_DIR, completion_columns, sample_rows, write_part
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,9 @@ def sample_probe(
         "max_new_tokens": config.grpo.max_completion_length,
         "seed": config.seed,
     }
-    parts = processes_for(config.probe.processes, 2, samples_on_cpu(config)) if sampler.backend == "transformers" else 1
+    # A tool sampler's rollouts take turns (and sandbox calls) in this process: one part.
+    forkable = sampler.backend == "transformers" and not hasattr(sampler, "without_tools")
+    parts = processes_for(config.probe.processes, 2, samples_on_cpu(config)) if forkable else 1
     started = time.perf_counter()
 
     def sample_part(index: int, share: Callable[[int], None]) -> tuple[list[list[str]], GenerationStats]:
@@ -216,7 +218,7 @@ def run_probe(
     rows = read_jsonl(train_path)
     rows = random.Random(config.seed).sample(rows, min(config.probe.num_prompts, len(rows)))
     sampler = policy_sampler(config, base_model_dir, adapter_dir, config.probe.batch_size)
-    prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
+    prompts = [sampler.prompt_of(row, config.data.system_prompt) for row in rows]
     with work_bar(len(rows), f"probe {label}", "prompt") as advance:
         completions, stats = sample_probe(config, sampler, prompts, advance)
     logger.info("probe %s sampled with %s", label, sampler.backend)
@@ -236,7 +238,7 @@ def run_probe(
             {
                 "id": row["id"],
                 "ground_truth": row["ground_truth"],
-                "completion": completions[i][j],
+                **completion_columns(completions[i][j], getattr(completions[i][j], "calls", None)),
                 "reward": float(scores["total"][i, j]),
                 **{name: _plain(values[i, j]) for name, values in scores["per_function"].items()},
             }

@@ -32,6 +32,7 @@ _EXPORTS = {
     "ToolTimeout": "toolbox",
     "Toolbox": "toolbox",
     "error_answer": "toolbox",
+    "pipeline_tools": "toolbox",
     "record_json": "toolbox",
     "tool_methods": "toolbox",
 }

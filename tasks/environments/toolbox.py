@@ -340,3 +340,14 @@ def tool_schemas(methods: list[Callable[..., Any]], settings: ToolSettings) -> l
 def record_json(records: list[ToolRecord]) -> list[dict[str, Any]]:
     """Records as plain data (the ledger's turns, the probe's samples)."""
     return [asdict(record) for record in records]
+
+
+def pipeline_tools(config: Any, tokenizer: Any) -> tuple[Toolbox, Any] | None:
+    """A pipeline's tools and the template they render with (``tokenizer`` prepared in place), or None without
+    tools: what SFT, GRPO and the samplers of probe and evaluation each set up the same way."""
+    if not config.tools.enabled:
+        return None
+    from tasks.environments.chat_template import prepare_tokenizer
+
+    template = prepare_tokenizer(tokenizer, config.tools.chat_template, config.model.source)
+    return Toolbox(config.tools), template

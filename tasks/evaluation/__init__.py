@@ -48,6 +48,7 @@ _EXPORTS = {
     "paired_difference": "scoring",
     "pass_at_k": "scoring",
     "score_groups": "scoring",
+    "tool_use_figures": "scoring",
     "describe": "statistics",
     "forgetting_drop": "statistics",
     "forgetting_metrics": "statistics",

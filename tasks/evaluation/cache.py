@@ -22,7 +22,8 @@ from reward_fns.judges import VerdictCache
 logger = logging.getLogger(__name__)
 
 # Bump when the decoding loop changes what a seed draws or the key changes (v2: greedy and samples in one loop;
-# v3: an adapter keyed by its model files, not its whole folder).
+# v3: an adapter keyed by its model files, not its whole folder). Tool use adds its tools and template to the settings
+# and stores conversations as {messages, calls}: keys without tools are as before.
 VERSION = "v3"
 
 
@@ -153,10 +154,12 @@ def sample_for_evaluation(
     if cached:
         from tasks.speedups import speedups_on
 
+        identity = getattr(sampler, "identity", None)  # a tool sampler's tools and template
         key = completions_key(
             model_content_key(spec.base_model_dir, spec.adapter_dir),
-            prompts,
+            [prompt if isinstance(prompt, str) else prompt.key() for prompt in prompts],
             {
+                **(identity() if identity is not None else {}),
                 "n": settings.n_samples,
                 "temperature": settings.temperature,
                 "max_new_tokens": settings.max_new_tokens,
@@ -175,7 +178,7 @@ def sample_for_evaluation(
             )
             for name, value in entry["stats"].items():
                 setattr(stats, name, value)
-            return entry["greedy"], entry["sampled"]
+            return _decoded(entry["greedy"]), _decoded(entry["sampled"])
     sampling = {"n": settings.n_samples, "temperature": settings.temperature, "seed": config.seed, **common}
     if hasattr(sampler, "sample_with_greedy"):  # one prefill and one decoding loop for both
         greedy, sampled = sampler.sample_with_greedy(prompts, **sampling)
@@ -185,11 +188,22 @@ def sample_for_evaluation(
     if key is not None:
         save_completions(
             key,
-            greedy,
-            sampled,
+            _encoded(greedy),
+            _encoded(sampled),
             {"sequences": stats.sequences, "new_tokens": stats.new_tokens, "seconds": stats.seconds},
         )
     return greedy, sampled
+
+
+def _encoded(completions: list[list[Any]]) -> list[list[Any]]:
+    """Completions as JSON holds them: text as it is, a tool-using conversation with its calls' records."""
+    return [[c.to_json() if hasattr(c, "to_json") else c for c in group] for group in completions]
+
+
+def _decoded(completions: list[list[Any]]) -> list[list[Any]]:
+    from tasks.models import Conversation
+
+    return [[Conversation.from_json(c) for c in group] for group in completions]
 
 
 def verdict_cache(specs: Sequence[Any]) -> VerdictCache | None:

@@ -23,7 +23,6 @@ from tasks.evaluation.forgetting import (
     load_questions,
 )
 from tasks.evaluation.parallel import Report
-from tasks.inputs import render_prompt
 from tasks.models import GenerationStats, load_policy, load_tokenizer, pipeline_backend, policy_sampler
 from tasks.speedups import speedups_on
 
@@ -57,10 +56,12 @@ class PolicyShelf:
 class Completions:
     """One model's hold-out completions: greedy (one per prompt) and sampled, with the engine's figures."""
 
-    greedy: list[list[str]]
-    sampled: list[list[str]]
+    greedy: list[list[Any]]
+    sampled: list[list[Any]]
     stats: GenerationStats
     backend: str
+    # with tools (``tools.evaluate_without``): the same model's greedy and sampled completions without them
+    without_tools: tuple[list[list[str]], list[list[str]]] | None = None
 
 
 def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: PolicyShelf, report: Report) -> Completions:
@@ -75,13 +76,20 @@ def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: Poli
         settings.n_samples,
         sampler.backend,
     )
-    prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in rows]
-    stats = GenerationStats()
+    samplers = [sampler]
+    if config.tools.enabled and config.tools.evaluate_without:
+        samplers.append(sampler.without_tools)  # the same engine and template, no tools in the prompt
     # Greedy and sampled are two passes over the prompts unless the engine decodes them together.
-    counted = JobShare(report, len(rows), passes=1 if hasattr(sampler, "sample_with_greedy") else 2)
-    greedy, sampled = sample_for_evaluation(config, spec, sampler, prompts, stats, counted.progress)
+    passes = sum(1 if hasattr(each, "sample_with_greedy") else 2 for each in samplers)
+    counted = JobShare(report, len(rows), passes=passes)
+    stats = GenerationStats()
+    drawn = []
+    for each in samplers:
+        prompts = [each.prompt_of(row, config.data.system_prompt) for row in rows]
+        drawn.append(sample_for_evaluation(config, spec, each, prompts, stats, counted.progress))
     counted.finish()
-    return Completions(greedy, sampled, stats, sampler.backend)
+    (greedy, sampled), *without = drawn
+    return Completions(greedy, sampled, stats, sampler.backend, without[0] if without else None)
 
 
 def forgetting_job(config: Any, spec: Any, shelf: PolicyShelf, report: Report) -> GeneralAbility:

@@ -297,4 +297,7 @@ def _worker(jobs: list[Job], connection: Any, threads: int) -> None:
     except (EOFError, OSError, KeyboardInterrupt):
         code = 1
     finally:
+        from reward_fns.code import close_process_sandboxes
+
+        close_process_sandboxes()  # the tool calls' sandboxes this worker started (no exit handler runs)
         os._exit(code)

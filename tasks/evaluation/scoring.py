@@ -104,3 +104,24 @@ def score_groups(
         "correct": correct_array.reshape(len(rows), group_size),
         "none_counts": none_counts,
     }
+
+
+def tool_use_figures(completions: list[list[Any]]) -> dict[str, float]:
+    """How the sampled rollouts used their tools: calls per rollout, the share of rollouts with a call, the share of
+    calls that failed, and answers dropped (over the completion budget).
+
+    >>> class Rollout(list):  # a conversation with its calls' records (tasks.models.Conversation)
+    ...     calls = [{"failed": True}]
+    >>> tool_use_figures([[Rollout(), "no tools"]])["calls_per_rollout"]
+    0.5
+    """
+    rollouts = [c for group in completions for c in group]
+    calls = [getattr(c, "calls", []) for c in rollouts]
+    made = [call for each in calls for call in each]
+    answered = [sum(1 for m in c if isinstance(m, dict) and m.get("role") == "tool") for c in rollouts]
+    return {
+        "calls_per_rollout": len(made) / max(len(rollouts), 1),
+        "rollouts_with_calls": sum(bool(each) for each in calls) / max(len(rollouts), 1),
+        "error_share": sum(bool(call.get("failed")) for call in made) / len(made) if made else 0.0,
+        "turns_dropped": float(sum(max(len(each) - seen, 0) for each, seen in zip(calls, answered, strict=True))),
+    }

@@ -16,6 +16,7 @@ _EXPORTS = {
     "load_rows": "loading",
     "read_jsonl": "loading",
     "render_prompt": "loading",
+    "prompt_messages": "loading",
     "write_jsonl": "loading",
     "RowProblem": "rows",
     "check_row": "rows",

@@ -203,12 +203,23 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], system_pro
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str) and not has_template:
         return prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt and not any(m.get("role") == "system" for m in messages):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
+    messages = prompt_messages(prompt, system_prompt)
     if not has_template:
         return "\n".join(m["content"] for m in messages)
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def prompt_messages(prompt: str | list[dict[str, str]], system_prompt: str | None = None) -> list[dict[str, str]]:
+    """A prompt as chat messages, with ``system_prompt`` first where it has no system message of its own: what
+    TRL renders itself when the model may call tools (a conversational prompt), and ``render_prompt`` renders.
+
+    >>> prompt_messages("2+2?", "Be brief.")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
 
 
 def answer_completion(kind: str, ground_truth: str) -> str:

@@ -92,15 +92,69 @@ def generate_completions(
         first = generate_completions(model, tokenizer, prompts, greedy=True, **common)
         rest = [] if greedy else generate_completions(model, tokenizer, prompts, n=n, temperature=temperature, **common)
         return [g + r for g, r in zip(first, rest or [[] for _ in prompts], strict=True)]
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    settings = {"n": n, "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    settings |= {"seed": seed, "greedy": greedy, "progress": progress, "stats": stats, "precision": precision}
+    settings |= {"stock": stock, "greedy_first": greedy_first, "part": part}
+    return _generate(model, tokenizer, encoded, as_ids=False, **settings)
+
+
+def generate_completion_ids(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    seed: int = 0,
+    greedy: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    stats: GenerationStats | None = None,
+    precision: str = "fp32",
+    stock: bool = False,
+) -> list[list[list[int]]]:
+    """``generate_completions`` on token ids: ``n`` completions of each prompt (ids in), each its token ids up to
+    and including its first EOS (all ``max_new_tokens`` when it never ended), as TRL's generation hands them on.
+    The same draws as ``generate_completions`` gives the same prompts as text."""
+    if not prompt_ids:
+        return []
+    settings = {"n": n, "temperature": temperature, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    settings |= {"seed": seed, "greedy": greedy, "progress": progress, "stats": stats, "precision": precision}
+    return _generate(model, tokenizer, [list(ids) for ids in prompt_ids], as_ids=True, stock=stock, **settings)
+
+
+def _generate(
+    model: Any,
+    tokenizer: Any,
+    encoded: list[list[int]],
+    *,
+    as_ids: bool,
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+    greedy: bool,
+    progress: Callable[[int, int], None] | None,
+    stats: GenerationStats | None,
+    precision: str,
+    stock: bool,
+    greedy_first: bool = False,
+    part: tuple[int, int] = (0, 1),
+) -> list[list[Any]]:
+    """The loop behind both: batches of prompts sorted by length, each from its own seed; each prompt's
+    completions decoded (``as_ids`` False) or as token ids up to their first EOS."""
     started = time.perf_counter()
     samples = 1 if greedy else n
     rows_per_prompt = samples + greedy_first
-    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]), reverse=True)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
     prompts_per_batch = max(1, batch_size // samples)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = model.generation_config.eos_token_id or tokenizer.eos_token_id
-    results: list[list[str]] = [[] for _ in prompts]
+    results: list[list[Any]] = [[] for _ in encoded]
+    eos = set(_as_list(eos_ids))
     generation_config = GenerationConfig(
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_ids,
@@ -127,7 +181,10 @@ def generate_completions(
                             model, ids, samples, pad_id, generation_config, greedy_first
                         )
                 new_tokens += int((generated != pad_id).sum())
-                texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+                if as_ids:
+                    texts = [until_eos(row, eos) for row in generated.tolist()]
+                else:
+                    texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for offset, index in enumerate(indices):
                     results[index] = texts[offset * rows_per_prompt : (offset + 1) * rows_per_prompt]
                 done += len(indices)

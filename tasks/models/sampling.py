@@ -63,6 +63,26 @@ class TransformersSampler:
             **settings,
         )
 
+    def prompt_of(self, row: dict[str, Any], system_prompt: str | None) -> str:
+        """What this engine samples for a row: its prompt rendered by the chat template (``render_prompt``)."""
+        from tasks.inputs import render_prompt
+
+        return render_prompt(self.tokenizer, row["prompt"], system_prompt)
+
+    def sample_ids(self, prompt_ids: Sequence[Sequence[int]], **settings: Any) -> list[list[list[int]]]:
+        """``sample`` on token ids (``generate_completion_ids``): what grpoflow's tool loop extends."""
+        from tasks.models.generation import generate_completion_ids
+
+        return generate_completion_ids(
+            self.model,
+            self.tokenizer,
+            prompt_ids,
+            batch_size=self.batch_size,
+            precision=self.precision,
+            stock=self.stock,
+            **settings,
+        )
+
     def sample_with_greedy(self, prompts: Sequence[str], **settings: Any) -> tuple[list[list[str]], list[list[str]]]:
         """Each prompt's greedy completion and its ``n`` samples, decoded together from one prefill (what
         evaluation asks for); the samples are those ``sample`` draws with the same settings."""
@@ -164,7 +184,24 @@ def policy_sampler(
     config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int, model: Any = None
 ) -> PolicySampler:
     """The sampler the pipeline's backend gives for a base model and an adapter (or none). ``model``: that policy,
-    already loaded, for the transformers engine (loaded here when None)."""
+    already loaded, for the transformers engine (loaded here when None). With ``tools``, the engine's sampler inside
+    a ``ToolSampler`` (its ``without_tools`` is the engine's alone, rendering with the same template)."""
+    inner = engine_sampler(config, base_model_dir, adapter_dir, batch_size, model)
+    if not config.tools.enabled:
+        return inner
+    from tasks.models.tool_rollouts import tool_sampler
+
+    if inner.backend == "transformers":
+        context = int(getattr(inner.model.config, "max_position_embeddings", 0) or 1 << 20)
+    else:
+        context = config.grpo.generation.vllm_max_model_len
+    return tool_sampler(inner, config, context)
+
+
+def engine_sampler(
+    config: Any, base_model_dir: Path, adapter_dir: Path | None, batch_size: int, model: Any = None
+) -> Any:
+    """The backend's own sampler (``policy_sampler`` without the tools)."""
     from tasks.models.loading import load_policy, load_tokenizer
 
     tokenizer = load_tokenizer(base_model_dir)

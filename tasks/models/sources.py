@@ -31,6 +31,10 @@ SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
 # The same tiny model with 2 attention heads of 32 (vLLM's CPU attention takes head sizes 32, 64, ..., not 16).
 TINY_RANDOM_VLLM = "tiny-random-h32"
+# The tiny model taught to call the python tool (tasks.models.tiny_tools), and its vLLM twin (heads of 32).
+TINY_RANDOM_TOOLS = "tiny-random-tools"
+TINY_RANDOM_VLLM_TOOLS = "tiny-random-h32-tools"
+TINY_MODELS = (TINY_RANDOM, TINY_RANDOM_VLLM, TINY_RANDOM_TOOLS, TINY_RANDOM_VLLM_TOOLS)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # v2: the tokenizer's end of sequence is <|im_end|>, as in the model's config (v1, the GGUF's reading, said
 # <|im_start|>: SFT taught answers to end with it and the transformers path did not stop there).
@@ -204,6 +208,12 @@ def resolve_model_source(source: str, revision: str | None = None) -> Path:
     if source == TINY_RANDOM_VLLM:
         build = functools.partial(build_tiny_random, heads=2)
         return _publish(build, cache_dir() / "models" / f"{TINY_RANDOM_VLLM}-{_TINY_VERSION}")
+    if source in (TINY_RANDOM_TOOLS, TINY_RANDOM_VLLM_TOOLS):
+        from tasks.models.tiny_tools import build_tiny_tool_caller
+
+        base = resolve_model_source(TINY_RANDOM if source == TINY_RANDOM_TOOLS else TINY_RANDOM_VLLM)
+        build = functools.partial(build_tiny_tool_caller, base=base)
+        return _publish(build, cache_dir() / "models" / f"{source}-{_TINY_VERSION}")
     local = Path(source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():

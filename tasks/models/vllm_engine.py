@@ -306,9 +306,9 @@ class EngineCall:
 
 class EngineSampler:
     """What the vLLM samplers share: prompts are rendered text, tokenized as the transformers path tokenizes them,
-    and go to the engine (``_complete``: the texts and the new-token count of each prompt's samples, calling
-    ``finished(prompts)`` as prompts finish, so the bar moves during the call); ``stats`` and ``progress`` as
-    ``generate_completions`` keeps them."""
+    and go to the engine (``_complete``: each prompt's samples as text and token ids, calling ``finished(prompts)``
+    as prompts finish, so the bar moves during the call); ``stats`` and ``progress`` as ``generate_completions``
+    keeps them. ``sample_ids`` takes and gives token ids (grpoflow's tool loop extends a conversation by ids)."""
 
     backend = "vllm-colocate"  # engine_name's vocabulary; the server's sampler says vllm-server
 
@@ -316,9 +316,24 @@ class EngineSampler:
         self.tokenizer = tokenizer
         self.adapter_dir = adapter_dir
 
-    def sample(
+    def prompt_of(self, row: dict[str, Any], system_prompt: str | None) -> str:
+        """What this engine samples for a row: its prompt rendered by the chat template (``render_prompt``)."""
+        from tasks.inputs import render_prompt
+
+        return render_prompt(self.tokenizer, row["prompt"], system_prompt)
+
+    def sample(self, prompts: Sequence[str], **settings: Any) -> list[list[str]]:
+        """``n`` completions per prompt in prompt order (greedy: one)."""
+        encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+        return [[text for text, _ in samples] for samples in self._sampled(encoded, **settings)]
+
+    def sample_ids(self, prompt_ids: Sequence[Sequence[int]], **settings: Any) -> list[list[list[int]]]:
+        """``sample`` on token ids: each completion's ids, its end-of-sequence token kept (as vLLM gives them)."""
+        return [[ids for _, ids in samples] for samples in self._sampled([list(p) for p in prompt_ids], **settings)]
+
+    def _sampled(
         self,
-        prompts: Sequence[str],
+        encoded: list[list[int]],
         *,
         n: int = 1,
         temperature: float = 1.0,
@@ -327,32 +342,30 @@ class EngineSampler:
         greedy: bool = False,
         progress: Callable[[int, int], None] | None = None,
         stats: Any = None,
-    ) -> list[list[str]]:
-        """``n`` completions per prompt in prompt order (greedy: one)."""
-        if not prompts:
+    ) -> list[list[tuple[str, list[int]]]]:
+        if not encoded:
             return []
         started = time.perf_counter()
-        encoded = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
         done = 0
 
         def finished(count: int) -> None:
             nonlocal done
-            done = min(done + count, len(prompts))
+            done = min(done + count, len(encoded))
             if progress is not None:
-                progress(done, len(prompts))
+                progress(done, len(encoded))
 
         answers = self._complete(
             EngineCall(encoded, 1 if greedy else n, 0.0 if greedy else temperature, max_new_tokens, seed, finished)
         )
         if stats is not None:
-            stats.sequences += sum(len(texts) for texts, _ in answers)
-            stats.new_tokens += sum(tokens for _, tokens in answers)
+            stats.sequences += sum(len(samples) for samples in answers)
+            stats.new_tokens += sum(len(ids) for samples in answers for _, ids in samples)
             stats.seconds += time.perf_counter() - started
-        if progress is not None and done < len(prompts):
-            progress(len(prompts), len(prompts))
-        return [texts for texts, _ in answers]
+        if progress is not None and done < len(encoded):
+            progress(len(encoded), len(encoded))
+        return answers
 
-    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
         raise NotImplementedError
 
 
@@ -364,7 +377,7 @@ class VllmSampler(EngineSampler):
         super().__init__(tokenizer, adapter_dir)
         self.llm = llm
 
-    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
         import torch
 
         params = sampling_params(
@@ -377,4 +390,4 @@ class VllmSampler(EngineSampler):
             lora_request=adapter_request(self.adapter_dir),
             use_tqdm=prompts_done_bar(call.finished),
         )
-        return [([c.text for c in o.outputs], sum(len(c.token_ids) for c in o.outputs)) for o in outputs]
+        return [[(c.text, list(c.token_ids)) for c in o.outputs] for o in outputs]

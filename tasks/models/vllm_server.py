@@ -344,7 +344,7 @@ class ServerSampler(EngineSampler):
             return None, f"the server's model is {root}, not {base_model_dir}: its weights cannot be checked here"
         return served, ""
 
-    def _complete(self, call: EngineCall) -> list[tuple[list[str], int]]:
+    def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
         from concurrent.futures import ThreadPoolExecutor, as_completed
 
         model = SERVED_BASE_NAME
@@ -354,18 +354,18 @@ class ServerSampler(EngineSampler):
 
         n = call.n
 
-        def complete(chunk: range) -> list[tuple[list[str], int]]:
+        def complete(chunk: range) -> list[list[tuple[str, list[int]]]]:
             prompts = [call.encoded[i] for i in chunk]
             answer = self.client.generate(
                 prompts, n=n, temperature=call.temperature, max_tokens=call.max_new_tokens, logprobs=None, model=model
             )
             texts, ids = answer["texts"], answer["completion_ids"]
             return [
-                (texts[i * n : (i + 1) * n], sum(len(t) for t in ids[i * n : (i + 1) * n])) for i in range(len(chunk))
+                list(zip(texts[i * n : (i + 1) * n], ids[i * n : (i + 1) * n], strict=True)) for i in range(len(chunk))
             ]
 
         chunks = request_chunks(len(call.encoded), n)
-        answers: dict[int, list[tuple[list[str], int]]] = {}
+        answers: dict[int, list[list[tuple[str, list[int]]]]] = {}
         with ThreadPoolExecutor(max_workers=min(len(chunks), 32)) as pool:
             futures = {pool.submit(complete, chunk): index for index, chunk in enumerate(chunks)}
             for future in as_completed(futures):

@@ -22,7 +22,8 @@ from tasks.training import RetirementPool, choose_groups, draws_needed, informat
 
 logger = logging.getLogger(__name__)
 
-# Keys of TRL's generation output this hook knows how to pad and select; any other (images, tools) skips the filter.
+# Keys of TRL's generation output this hook knows how to pad and select; any other (images) skips the filter. A tool
+# batch's ``tool_mask`` (0 on the tools' answers) is a completion column like the others, padded with 1 as TRL pads it.
 _PROMPT_KEYS = {"prompt_ids", "prompt_mask"}
 _ROW_KEYS = {"advantages"}
 _COMPLETION_KEYS = {
@@ -32,6 +33,7 @@ _COMPLETION_KEYS = {
     "ref_per_token_logps",
     "sampling_per_token_logps",
     "importance_sampling_ratio",
+    "tool_mask",
 }
 _KNOWN_KEYS = _PROMPT_KEYS | _ROW_KEYS | _COMPLETION_KEYS | {"num_items_in_batch"}
 
@@ -77,10 +79,20 @@ def concat_generation_outputs(outputs: list[dict[str, Any]], pad_id: int) -> dic
             value = pad_id if key == "prompt_ids" else 0
             parts = [_pad_to(p, prompt_width, value, left=True) for p in parts]
         elif parts[0].dim() == 2 and parts[0].size(1) == outputs[0]["completion_ids"].size(1):
-            value = pad_id if key == "completion_ids" else 0
+            value = pad_id if key == "completion_ids" else 1 if key == "tool_mask" else 0
             parts = [_pad_to(p, completion_width, value, left=False) for p in parts]
         merged[key] = torch.cat(parts, dim=0)
     return merged
+
+
+def loss_tokens(output: dict[str, Any]) -> torch.Tensor:
+    """The tokens the loss reads, as TRL counts them: the completion's, less the tools' answers (``tool_mask``).
+
+    >>> loss_tokens({"completion_mask": torch.tensor([[1, 1, 1, 0]]), "tool_mask": torch.tensor([[1, 0, 1, 1]])})
+    tensor([[1, 0, 1, 0]])
+    """
+    mask = output["completion_mask"]
+    return mask * output["tool_mask"] if "tool_mask" in output else mask
 
 
 def select_rows(output: dict[str, Any], rows: torch.Tensor) -> dict[str, Any]:
@@ -208,7 +220,7 @@ class DynamicSamplingMixin:
             output = super()._generate_and_score_completions(batch)
             sampled_rounds += 1
             unknown = set(output) - _KNOWN_KEYS
-            if unknown:  # images, tool masks: leave TRL's batch as it is
+            if unknown:  # images: leave TRL's batch as it is
                 if self._filter_skipped_why is None:
                     self._filter_skipped_why = ", ".join(sorted(unknown))
                     logger.warning("dynamic sampling skipped: the batch carries %s", self._filter_skipped_why)
@@ -246,7 +258,7 @@ class DynamicSamplingMixin:
         self._kept_rows = [g * size + i for g in chosen for i in range(size)]
         rows = torch.tensor(self._kept_rows, device=merged["advantages"].device)
         result = select_rows(merged, rows)
-        result["num_items_in_batch"] = self.accelerator.gather(result["completion_mask"].sum()).sum()
+        result["num_items_in_batch"] = self.accelerator.gather(loss_tokens(result).sum()).sum()
         kept = [local_flags[g] for g in chosen]
         share = torch.tensor([sum(kept) / len(kept)], device=self.accelerator.device)
         after = float(self.accelerator.gather(share).mean())

@@ -1,7 +1,9 @@
 """A GRPOTrainer that encodes each prompt once for its whole group, in generation and in the loss, on CPU.
 
 Overrides two private TRL methods (``_get_per_token_logps_and_entropies``, ``_generate_single_turn``) and uses
-TRL's private helpers; vLLM, multimodal, tool-calling, CUDA and multi-process runs go to TRL's own code.
+TRL's private helpers; vLLM, multimodal, CUDA and multi-process runs go to TRL's own code. Tool calls are supported:
+TRL's tool loop calls ``_generate_single_turn`` for each round (every conversation once, its ids so far as the
+prompt), which this loop samples like any batch; the loss reads TRL's ``tool_mask`` as TRL's own does.
 Must not import: Prefect, MLflow, the stages.
 """
 
@@ -120,8 +122,9 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
     the copies share one prefill (its KV cache is copied), and sampling runs on a plain copy of the policy with
     the LoRA deltas folded in (``MergedCopy``), in the compute precision, refreshed once per optimizer step; in
     the loss, the copies share one encoding of the prompt and its gradient (``completion_logits``). vLLM,
-    multimodal, tool-calling and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own
-    (its fused LM-head kernel).
+    multimodal and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own (its fused LM-head
+    kernel). A tool-using rollout's later rounds come here too, one sample per conversation (``grpo.tool_generation``
+    in the stage's tags names what sampled them).
     """
 
     def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:

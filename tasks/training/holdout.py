@@ -121,10 +121,9 @@ class HoldoutEvaluation:
         metrics["seconds"] = seconds
         return metrics
 
-    def _sample(self, trainer: Any, step: int) -> tuple[list[list[str]], list[list[str]], str]:
+    def _sample(self, trainer: Any, step: int) -> tuple[list[list[Any]], list[list[Any]], str]:
         """The adapter as it is now, saved and sampled the way evaluation samples a GRPO adapter (loaded by
         ``policy_sampler`` for the pipeline's engine), so the score is the one evaluation would give it."""
-        from tasks.inputs import render_prompt
         from tasks.models import policy_sampler
 
         config = self.config
@@ -132,7 +131,7 @@ class HoldoutEvaluation:
         trainer.accelerator.unwrap_model(trainer.model).save_pretrained(str(adapter_dir))
         try:
             sampler = policy_sampler(config, self.base_model_dir, adapter_dir, config.evaluation.batch_size)
-            prompts = [render_prompt(sampler.tokenizer, row["prompt"], config.data.system_prompt) for row in self.rows]
+            prompts = [sampler.prompt_of(row, config.data.system_prompt) for row in self.rows]
             settings = {"max_new_tokens": config.evaluation.max_new_tokens, "seed": config.seed}
             sampling = {"n": config.grpo.eval_samples, "temperature": config.evaluation.temperature, **settings}
             if hasattr(sampler, "sample_with_greedy"):
@@ -144,7 +143,7 @@ class HoldoutEvaluation:
             shutil.rmtree(adapter_dir.parent, ignore_errors=True)
         return greedy, sampled, sampler.backend
 
-    def _metrics(self, greedy: list[list[str]], sampled: list[list[str]], backend: str, step: int) -> dict[str, float]:
+    def _metrics(self, greedy: list[list[Any]], sampled: list[list[Any]], backend: str, step: int) -> dict[str, float]:
         from tasks.evaluation.scoring import score_groups
         from tasks.training.ledger import sample_rows
 

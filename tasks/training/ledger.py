@@ -9,6 +9,11 @@ keeps exactly the rows of steps ≤ N, each once: the parts also travel inside t
 The schema has one version, ``LEDGER_SCHEMA_VERSION``, stored in each part's Parquet metadata. A change to what a
 row holds bumps it, and every reader (``read_ledger`` and what it feeds: ``grpoflow rollouts``, ``rescore``, the
 audit) changes in the same commit; ``read_ledger`` reads every older version and refuses a newer one by name.
+Version 2 (tool use): a rollout that may call tools keeps its conversation in ``turns`` (JSON: each message, a tool
+answer with its call's time, failure and kind), ``tool_calls``, ``tool_errors``, ``tool_turns_dropped`` (calls
+whose answer TRL dropped because it would pass ``max_completion_length``) and, in GRPO, ``trained_tokens`` (the
+tokens the loss reads: ``completion_mask * tool_mask``) and ``tool_tokens``; ``completion`` is the conversation as
+text. Version 1 rows read with those columns absent.
 Must not import: Prefect, MLflow, the stages.
 """
 
@@ -27,7 +32,7 @@ from tasks.errors import UserError
 
 LEDGER_DIR = "rollouts"
 REWARD_PREFIX = "reward/"
-LEDGER_SCHEMA_VERSION = 1
+LEDGER_SCHEMA_VERSION = 2
 SCHEMA_KEY = b"grpoflow.ledger_schema"
 
 
@@ -94,16 +99,84 @@ def reward_values(row: dict[str, Any]) -> dict[str, float | None]:
     return {key[len(REWARD_PREFIX) :]: value for key, value in row.items() if key.startswith(REWARD_PREFIX)}
 
 
+def conversation_text(messages: Sequence[dict[str, Any]]) -> str:
+    """A tool-using completion as one text: each assistant turn's words and calls, each tool answer in brackets.
+
+    >>> conversation_text([{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    ...     "name": "python", "arguments": {"code": "print(6*7)"}}}]}, {"role": "tool", "name": "python",
+    ...     "content": "42"}, {"role": "assistant", "content": "It is 42."}]).split("\\n")
+    ['<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>', '[python: 42]', 'It is 42.']
+    """
+    parts = []
+    for message in messages:
+        if message.get("role") == "tool":
+            parts.append(f"[{message.get('name', 'tool')}: {message.get('content', '')}]")
+            continue
+        text = str(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            payload = json.dumps({"name": function.get("name"), "arguments": function.get("arguments")})
+            text += ("\n" if text else "") + f"<tool_call>{payload}</tool_call>"
+        parts.append(text)
+    return "\n".join(parts)
+
+
+def completion_columns(completion: Any, calls: Sequence[Any] | None = None) -> dict[str, Any]:
+    """A completion's ledger columns: a plain one is its text; a conversation (tool use) is its text, its turns (a
+    tool answer joined with its call's record: time, failure, kind) and its counts of calls, failures and answers
+    dropped (a call recorded by the tools whose answer is not in the conversation: TRL drops one that would pass
+    ``max_completion_length``).
+
+    >>> completion_columns("4")
+    {'completion': '4'}
+    >>> row = completion_columns([{"role": "assistant", "content": "4"}], [{"seconds": 0.1, "failed": True}])
+    >>> row["tool_calls"], row["tool_errors"], row["tool_turns_dropped"]
+    (1, 1, 1)
+    """
+    if isinstance(completion, str):
+        return {"completion": completion}
+    records = [record if isinstance(record, dict) else vars(record) for record in calls or []]
+    turns, answered = [], 0
+    for message in completion:
+        turn = dict(message)
+        if message.get("role") == "tool" and answered < len(records):
+            record = records[answered]
+            turn.update(seconds=record.get("seconds"), failed=record.get("failed"), kind=record.get("kind"))
+            answered += 1
+        turns.append(turn)
+    return {
+        "completion": conversation_text(completion),
+        "turns": json.dumps(turns, default=str),
+        "tool_calls": len(records),
+        "tool_errors": sum(bool(record.get("failed")) for record in records),
+        "tool_turns_dropped": len(records) - answered,
+    }
+
+
+def conversation(row: dict[str, Any]) -> Any:
+    """What a reward reads of a ledger row: the conversation (messages, tool turns included) of a tool-using rollout,
+    else the completion text (rows of schema 1 included).
+
+    >>> conversation({"completion": "4"}), conversation({"completion": "4", "turns": '[{"role": "assistant"}]'})
+    ('4', [{'role': 'assistant'}])
+    """
+    turns = row.get("turns")
+    if not turns:
+        return row["completion"]
+    return [{k: v for k, v in turn.items() if k not in ("seconds", "failed", "kind")} for turn in json.loads(turns)]
+
+
 def sample_rows(
     role: str,
     rows: Sequence[dict[str, Any]],
-    completions: Sequence[Sequence[str]],
+    completions: Sequence[Sequence[Any]],
     per_function: dict[str, Any],
     totals: Any,
     backend: str,
 ) -> list[dict[str, Any]]:
-    """Probe's or evaluation's samples as ledger rows: one per completion, with its rewards (``per_function``:
-    name → prompts × samples array; ``totals`` the weighted sums)."""
+    """Probe's or evaluation's samples as ledger rows: one per completion (text, or a tool-using conversation with
+    its ``calls``' records: ``tasks.models.Conversation``), with its rewards (``per_function``: name → prompts ×
+    samples array; ``totals`` the weighted sums)."""
     out = []
     for i, row in enumerate(rows):
         columns = {k: v for k, v in row.items() if k not in ("id", "prompt")}
@@ -115,7 +188,7 @@ def sample_rows(
                     "step": None,
                     "prompt_id": str(row.get("id", i)),
                     "prompt": str(row["prompt"]),
-                    "completion": completion,
+                    **completion_columns(completion, getattr(completion, "calls", None)),
                     "sample": j,
                     **rewards,
                     "reward_total": _plain(totals[i, j]),
