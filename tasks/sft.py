@@ -4,6 +4,7 @@ live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import PipelineConfig
-from tasks.inputs import answer_completion, read_jsonl, render_prompt
+from tasks.environments import pipeline_tools
+from tasks.inputs import answer_completion, prompt_messages, read_jsonl, render_prompt
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.models import load_base_model, load_tokenizer
 from tasks.speedups import speedups_on
@@ -30,7 +32,7 @@ from tasks.training import (
 from tasks.training.nodes import train_on_nodes
 
 
-def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, str]]:
+def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
     """Prompt/completion pairs: the row's ``completion`` when present, else the answer in the reward's format."""
     return [
         {
@@ -39,6 +41,58 @@ def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipelin
         }
         for row in rows
     ]
+
+
+def tool_sft_examples(rows: Sequence[dict[str, Any]], toolbox: Any, config: PipelineConfig) -> list[dict[str, Any]]:
+    """Conversational pairs for a pipeline with tools (TRL renders them with the tools' schemas, ``tools``): the
+    completion is the row's own trace (a ``completion`` that is a list of messages), else a trace the program
+    writes (built-in arithmetic: a python call and the tool's real answer, ``tasks.environments.traces``), else the
+    answer as one assistant turn."""
+    from tasks.environments.traces import arithmetic_traces
+
+    finals = [
+        row["completion"]
+        if isinstance(row.get("completion"), str)
+        else answer_completion(config.data.kind, row["ground_truth"])
+        for row in rows
+    ]
+    prompts = [prompt_messages(row["prompt"], config.data.system_prompt) for row in rows]
+    missing = [i for i, row in enumerate(rows) if not isinstance(row.get("completion"), list)]
+    written = dict(
+        zip(
+            missing,
+            arithmetic_traces(toolbox, [prompts[i] for i in missing], [finals[i] for i in missing]),
+            strict=True,
+        )
+    )
+    schemas = json.dumps(toolbox.schemas)
+    examples = []
+    for i, row in enumerate(rows):
+        own = row.get("completion") if isinstance(row.get("completion"), list) else None
+        completion = own or written.get(i) or [{"role": "assistant", "content": finals[i]}]
+        examples.append(
+            {"prompt": prompts[i], "completion": [dataset_message(m) for m in completion], "tools": schemas}
+        )
+    return examples
+
+
+def dataset_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a dataset row can hold it: tool-call arguments as JSON text (a dataset merges the keys of every
+    tool's arguments into one struct, giving each call the others' as nulls; the template writes text as it is).
+
+    >>> dataset_message({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    ...     "name": "python", "arguments": {"code": "1"}}}]})["tool_calls"][0]["function"]["arguments"]
+    '{"code": "1"}'
+    """
+    calls = [
+        {"type": "function", "function": {**call["function"], "arguments": _as_text(call["function"].get("arguments"))}}
+        for call in message.get("tool_calls") or []
+    ]
+    return {**message, "tool_calls": calls} if calls else dict(message)
+
+
+def _as_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
 
 
 def run_sft(
@@ -56,7 +110,10 @@ def run_sft(
     from tasks.speedups.trl_patches import score_only_labelled_positions
 
     tokenizer = load_tokenizer(base_model_dir)
-    dataset = Dataset.from_list(sft_examples(read_jsonl(train_path), tokenizer, config))
+    tools = pipeline_tools(config, tokenizer)  # the template every stage renders tool turns with
+    rows = read_jsonl(train_path)
+    examples = tool_sft_examples(rows, tools[0], config) if tools else sft_examples(rows, tokenizer, config)
+    dataset = Dataset.from_list(examples)
     model = load_base_model(base_model_dir)
     args = SFTConfig(
         **common_trainer_args(config, stage_dir / CHECKPOINTS, config.sft.checkpoint_steps),
@@ -66,6 +123,7 @@ def run_sft(
         logging_steps=config.sft.logging_steps,
         max_length=config.sft.max_length,
         completion_only_loss=True,
+        assistant_only_loss=tools is not None,  # not the tools' answers: the model does not write those
         lr_scheduler_type="cosine",
         warmup_steps=0.1,
     )

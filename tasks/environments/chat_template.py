@@ -51,6 +51,7 @@ CHATML = TurnFormat("chatml", "<|im_start|>", "\n", "<|im_end|>")
 # grpoflow's tiny test model (tasks.models.sources): character-level, "<|role|>" headers, "</s>" ends a turn.
 TINY = TurnFormat("tiny", "<|", "|>", "</s>")
 FORMATS = (CHATML, TINY)
+SYSTEM_ROLE, MESSAGE_ROLE = "'system'", "message['role']"  # Jinja expressions of a turn's role
 
 
 def _literal(text: str) -> str:
@@ -65,39 +66,63 @@ def grpoflow_template(turns: TurnFormat) -> str:
     >>> "{%- generation %}" in template, "<tool_call>" in template
     (True, True)
     """
-    end = _literal(turns.end)
-    newline = _literal("\n")
-    role = "message['role']"
+    end, newline = _literal(turns.end), _literal("\n")
 
-    def header(role_expression: str) -> str:
-        return f"{_literal(turns.opening)} + {role_expression} + {_literal(turns.closing)}"
+    def header(role: str) -> str:  # role: a Jinja expression
+        return f"{_literal(turns.opening)} + {role} + {_literal(turns.closing)}"
 
+    def emit(expression: str) -> str:
+        return "{{- " + expression + " }}"
+
+    tools_turn = (
+        emit(header(SYSTEM_ROLE))
+        + "{%- if system %}"
+        + emit("system + " + _literal("\n\n"))
+        + "{%- endif %}"
+        + emit(_literal("You can call these tools:\n"))
+        + "{%- for tool in tools %}"
+        + emit("(tool | tojson) + " + newline)
+        + "{%- endfor %}"
+        + emit(f"{_literal(TOOL_INSTRUCTIONS)} + {end} + {newline}")
+    )
+    # Arguments given as JSON text (SFT rows keep them so: a dataset would merge the keys of every tool's arguments)
+    # are written as they are: the same bytes tojson writes for the same object.
+    tool_call = (
+        "{%- set function = call['function'] if call['function'] is defined else call %}"
+        "{%- set arguments = function['arguments'] if function['arguments'] is string "
+        "else (function['arguments'] | tojson) %}"
+        "{%- if not loop.first or message['content'] %}"
+        + emit(newline)
+        + "{%- endif %}"
+        + emit(
+            _literal('<tool_call>\n{"name": ')
+            + " + (function['name'] | tojson) + "
+            + _literal(', "arguments": ')
+            + " + arguments + "
+            + _literal("}\n</tool_call>")
+        )
+    )
+    assistant_turn = (
+        emit(header("'assistant'"))
+        + "{%- generation %}"
+        + emit("message['content'] or ''")
+        + "{%- for call in message.get('tool_calls') or [] %}"
+        + tool_call
+        + "{%- endfor %}"
+        + emit(end)
+        + "{%- endgeneration %}"
+        + emit(newline)
+    )
+    system_turn = emit(f"{header(SYSTEM_ROLE)} + system + {end} + {newline}")
+    other_turn = emit(f"{header(MESSAGE_ROLE)} + message['content'] + {end} + {newline}")
     return (
         "{%- if messages and messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
         "{%- set turns = messages[1:] %}{%- else %}{%- set system = '' %}{%- set turns = messages %}{%- endif %}"
-        "{%- if tools %}"
-        f"{{{{- {header(_literal('system'))} }}}}"
-        f"{{%- if system %}}{{{{- system + {_literal(chr(10) * 2)} }}}}{{%- endif %}}"
-        f"{{{{- {_literal('You can call these tools:' + chr(10))} }}}}"
-        f"{{%- for tool in tools %}}{{{{- (tool | tojson) + {newline} }}}}{{%- endfor %}}"
-        f"{{{{- {_literal(TOOL_INSTRUCTIONS)} + {end} + {newline} }}}}"
-        f"{{%- elif system %}}{{{{- {header(_literal('system'))} + system + {end} + {newline} }}}}{{%- endif %}}"
+        "{%- if tools %}" + tools_turn + "{%- elif system %}" + system_turn + "{%- endif %}"
         "{%- for message in turns %}"
-        "{%- if message['role'] == 'assistant' %}"
-        f"{{{{- {header(_literal('assistant'))} }}}}{{%- generation %}}"
-        "{{- message['content'] or '' }}"
-        "{%- for call in message.get('tool_calls') or [] %}"
-        "{%- set function = call['function'] if call['function'] is defined else call %}"
-        f"{{%- if not loop.first or message['content'] %}}{{{{- {newline} }}}}{{%- endif %}}"
-        f"{{{{- {_literal('<tool_call>' + chr(10))} + ({{'name': function['name'], 'arguments': function['arguments']}}"
-        f" | tojson) + {_literal(chr(10) + '</tool_call>')} }}}}"
+        "{%- if message['role'] == 'assistant' %}" + assistant_turn + "{%- else %}" + other_turn + "{%- endif %}"
         "{%- endfor %}"
-        f"{{{{- {end} }}}}{{%- endgeneration %}}{{{{- {newline} }}}}"
-        "{%- else %}"
-        f"{{{{- {header(role)} + message['content'] + {end} + {newline} }}}}"
-        "{%- endif %}"
-        "{%- endfor %}"
-        f"{{%- if add_generation_prompt %}}{{{{- {header(_literal('assistant'))} }}}}{{%- endif %}}"
+        "{%- if add_generation_prompt %}" + emit(header("'assistant'")) + "{%- endif %}"
     )
 
 

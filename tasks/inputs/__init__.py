@@ -24,5 +24,6 @@ _EXPORTS = {
     "holdout_side": "rows",
     "normalize_math": "rows",
     "prompt_text": "rows",
+    "trace_tools": "rows",
 }
 __getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

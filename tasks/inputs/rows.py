@@ -208,8 +208,62 @@ def _check_extras(row: dict[str, Any], kind: str) -> None:
         except Exception as exc:
             raise RowProblem(f"schema is not a valid JSON schema: {exc}") from exc
     completion = row.get("completion")
-    if completion is not None and not isinstance(completion, str):
-        raise RowProblem(f"completion has type {type(completion).__name__}, expected a string")
+    if isinstance(completion, list):
+        _check_trace(completion)
+    elif completion is not None and not isinstance(completion, str):
+        raise RowProblem(f"completion has type {type(completion).__name__}, expected a string or a list of messages")
+
+
+def _check_trace(messages: list[Any]) -> None:
+    """A tool trace (the row's ``completion`` as messages, what SFT learns to call tools from): assistant turns
+    (text, tool calls ``{type: function, function: {name, arguments: object}}``) and tool answers, ending with an
+    assistant turn that answers. Which tools it may call is the validate stage's check (``tools.use``).
+
+    >>> _check_trace([{"role": "assistant", "content": "4"}])
+    >>> _check_trace([{"role": "tool", "name": "python", "content": "4"}])
+    Traceback (most recent call last):
+    ...
+    tasks.inputs.rows.RowProblem: completion message 0 is a tool answer with no call before it
+    """
+    if not messages:
+        raise RowProblem("completion is an empty message list")
+    calls = 0
+    for position, message in enumerate(messages):
+        where = f"completion message {position}"
+        if not isinstance(message, dict) or message.get("role") not in ("assistant", "tool"):
+            raise RowProblem(f"{where} is not an assistant or tool message")
+        if not isinstance(message.get("content", ""), str):
+            raise RowProblem(f"{where} content is not a string")
+        if message["role"] == "tool":
+            if calls <= 0:
+                raise RowProblem(f"{where} is a tool answer with no call before it")
+            calls -= 1
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise RowProblem(f"{where} has a tool call without a function name")
+            if not isinstance(function.get("arguments", {}), dict | str):
+                raise RowProblem(f"{where} calls {function['name']} with arguments that are not an object")
+            calls += 1
+    if messages[-1]["role"] != "assistant" or messages[-1].get("tool_calls"):
+        raise RowProblem("completion does not end with an assistant turn that answers")
+
+
+def trace_tools(completion: Any) -> set[str]:
+    """The tools a row's trace calls (none for a plain completion).
+
+    >>> sorted(trace_tools([{"role": "assistant", "tool_calls": [{"function": {"name": "python"}}]}])), trace_tools("4")
+    (['python'], set())
+    """
+    if not isinstance(completion, list):
+        return set()
+    return {
+        call["function"]["name"]
+        for message in completion
+        if isinstance(message, dict)
+        for call in message.get("tool_calls") or []
+    }
 
 
 def _ground_truth(row: dict[str, Any], settings: DataSettings) -> str:

@@ -138,5 +138,7 @@ def test_parts_carry_the_schema_version_and_a_newer_one_is_refused_by_name(tmp_p
         {b"grpoflow.ledger_schema": str(LEDGER_SCHEMA_VERSION + 1).encode()}
     )
     pq.write_table(newer, tmp_path / "eval-new.parquet")
-    with pytest.raises(UserError, match=rf"eval-new\.parquet: rollout ledger schema {LEDGER_SCHEMA_VERSION + 1}, newer"):
+    with pytest.raises(
+        UserError, match=rf"eval-new\.parquet: rollout ledger schema {LEDGER_SCHEMA_VERSION + 1}, newer"
+    ):
         read_ledger(tmp_path)
