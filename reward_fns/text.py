@@ -11,19 +11,26 @@ MAX_ANSWER_CHARS = 1000
 
 
 def completion_text(completion: Completion) -> str:
-    """The text of one completion, plain or chat (a list of messages; the last message's content counts).
+    """The text of one completion, plain or chat (a list of messages: the last assistant message's content counts,
+    so a tool-using conversation is judged on its final answer, not on a tool's output or an earlier turn).
 
     >>> completion_text("The answer is 4")
     'The answer is 4'
     >>> completion_text([{"role": "assistant", "content": "\\\\boxed{4}"}])
     '\\\\boxed{4}'
+    >>> completion_text([{"role": "assistant", "content": "\\\\boxed{5}"}, {"role": "tool", "content": "\\\\boxed{4}"}])
+    '\\\\boxed{5}'
     """
     if isinstance(completion, str):
         return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content", "")
-        return content if isinstance(content, str) else str(content)
-    return ""
+    if not isinstance(completion, list):
+        return ""
+    messages = [m for m in completion if isinstance(m, dict)]
+    answers = [m for m in messages if m.get("role", "assistant") == "assistant"] or messages[-1:]
+    if not answers:
+        return ""
+    content = answers[-1].get("content", "")
+    return content if isinstance(content, str) else str(content)
 
 
 def boxed_contents(text: str) -> list[str]:

@@ -160,6 +160,8 @@ def headline_tags(scores: ModelScores) -> dict[str, str]:
         "pass_at_1_high": high,
         "greedy_accuracy": scores.greedy_accuracy,
     }
+    if scores.without_tools:  # what the tools are worth to this version
+        values["tool_gain_pass_at_1"] = scores.without_tools["tool_gain"]["mean"]
     return {f"metric.{k}": f"{v:.4f}" for k, v in values.items() if v is not None}
 
 
@@ -259,6 +261,7 @@ def lineage(config: PipelineConfig, tracker: Tracker, data: Any) -> dict[str, An
         **digests,
         "git_commit": git_commit(),
         **tracker.stage_run_ids(),
+        **({"tools": ",".join(spec.label for spec in config.tools.use)} if config.tools.enabled else {}),
     }
 
 

@@ -4,7 +4,6 @@ live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -12,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import PipelineConfig
-from tasks.environments import pipeline_tools
-from tasks.inputs import answer_completion, prompt_messages, read_jsonl, render_prompt
+from tasks.environments import pipeline_tools, tool_sft_examples
+from tasks.inputs import answer_completion, read_jsonl, render_prompt
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.models import load_base_model, load_tokenizer
 from tasks.speedups import speedups_on
@@ -41,58 +40,6 @@ def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipelin
         }
         for row in rows
     ]
-
-
-def tool_sft_examples(rows: Sequence[dict[str, Any]], toolbox: Any, config: PipelineConfig) -> list[dict[str, Any]]:
-    """Conversational pairs for a pipeline with tools (TRL renders them with the tools' schemas, ``tools``): the
-    completion is the row's own trace (a ``completion`` that is a list of messages), else a trace the program
-    writes (built-in arithmetic: a python call and the tool's real answer, ``tasks.environments.traces``), else the
-    answer as one assistant turn."""
-    from tasks.environments.traces import arithmetic_traces
-
-    finals = [
-        row["completion"]
-        if isinstance(row.get("completion"), str)
-        else answer_completion(config.data.kind, row["ground_truth"])
-        for row in rows
-    ]
-    prompts = [prompt_messages(row["prompt"], config.data.system_prompt) for row in rows]
-    missing = [i for i, row in enumerate(rows) if not isinstance(row.get("completion"), list)]
-    written = dict(
-        zip(
-            missing,
-            arithmetic_traces(toolbox, [prompts[i] for i in missing], [finals[i] for i in missing]),
-            strict=True,
-        )
-    )
-    schemas = json.dumps(toolbox.schemas)
-    examples = []
-    for i, row in enumerate(rows):
-        own = row.get("completion") if isinstance(row.get("completion"), list) else None
-        completion = own or written.get(i) or [{"role": "assistant", "content": finals[i]}]
-        examples.append(
-            {"prompt": prompts[i], "completion": [dataset_message(m) for m in completion], "tools": schemas}
-        )
-    return examples
-
-
-def dataset_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as a dataset row can hold it: tool-call arguments as JSON text (a dataset merges the keys of every
-    tool's arguments into one struct, giving each call the others' as nulls; the template writes text as it is).
-
-    >>> dataset_message({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-    ...     "name": "python", "arguments": {"code": "1"}}}]})["tool_calls"][0]["function"]["arguments"]
-    '{"code": "1"}'
-    """
-    calls = [
-        {"type": "function", "function": {**call["function"], "arguments": _as_text(call["function"].get("arguments"))}}
-        for call in message.get("tool_calls") or []
-    ]
-    return {**message, "tool_calls": calls} if calls else dict(message)
-
-
-def _as_text(arguments: Any) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
 
 
 def run_sft(

@@ -58,6 +58,7 @@ class ValidateResult:
     holdout_digest: str = ""
     columns: list[str] = field(default_factory=list)
     judge_canaries: list[dict[str, Any]] = field(default_factory=list)  # one report per judge (judges only)
+    tools: dict[str, Any] = field(default_factory=dict)  # with tools: the template, the canaries, the sizes
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -192,8 +193,12 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
 
         detect_isolation()
     check_reward_canaries(config, stage_dir)
+    toolbox, tool_report = check_tools(config, stage_dir)
     raw_rows = load_rows(config.data, config.seed)
     kept, quarantined, gx_summary = validate_rows(raw_rows, config.data, stage_dir / "data_docs")
+    kept = quarantine_unknown_tools(kept, quarantined, toolbox.names if toolbox else [])
+    if toolbox is not None and kept:
+        tool_report |= size_tools(config, toolbox, kept)
     sides = [holdout_side(row["prompt"], config.data.holdout_fraction) for row in kept]
     train = [row for row, side in zip(kept, sides, strict=True) if not side]
     holdout = [row for row, side in zip(kept, sides, strict=True) if side]
@@ -213,6 +218,7 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         train_digest=fingerprint(train),
         holdout_digest=fingerprint(holdout),
         columns=sorted({key for row in kept for key in row}),
+        tools=tool_report,
     )
     if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
         raise RuntimeError(
@@ -227,6 +233,52 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     report = {**result.to_json(), "great_expectations": gx_summary}
     write_atomically(result.report_path, json.dumps(report, indent=2, ensure_ascii=True))
     return result
+
+
+def check_tools(config: PipelineConfig, stage_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """With tools: build them (ToolError names a tool TRL cannot describe) and run their canaries
+    (``tool_canaries.json``; ToolCanaryFailed); (None, {}) without. Code tools need an isolated sandbox first."""
+    if not config.tools.enabled:
+        return None, {}
+    from tasks.config import PYTHON_TOOL
+    from tasks.environments import Toolbox, tool_canaries
+
+    if any(spec.name == PYTHON_TOOL for spec in config.tools.use):
+        from reward_fns.sandbox_isolation import detect_isolation
+
+        detect_isolation()
+    toolbox = Toolbox(config.tools)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    report = tool_canaries(toolbox, stage_dir / "tool_canaries.json")
+    return toolbox, {"tools": toolbox.describe(), "canaries": len(report["cases"]), "unchecked": report["unchecked"]}
+
+
+def quarantine_unknown_tools(kept: list[dict[str, Any]], quarantined: list[dict[str, Any]], names: list[str]) -> list:
+    """Rows whose trace calls a tool the config does not have go to the quarantine (SFT could not replay them)."""
+    from tasks.environments import unknown_tool_reason
+
+    still_kept = []
+    for row in kept:
+        reason = unknown_tool_reason(row.get("completion"), names)
+        if reason:
+            quarantined.append({"row_index": None, "row": row, "reasons": [reason]})
+        else:
+            still_kept.append(row)
+    return still_kept
+
+
+def size_tools(config: PipelineConfig, toolbox: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model's template for tool turns (ChatTemplateError without one) and the token sizes of prompts with the
+    tools' schemas, traces and one tool round against the configured lengths (ToolLengthError names the row). The
+    model is resolved here (once; the flow's next step finds it), since only its tokenizer can count."""
+    from tasks.environments import measure_tools, prepare_tokenizer
+    from tasks.models import load_tokenizer, pipeline_backend, resolve_model_source
+
+    tokenizer = load_tokenizer(resolve_model_source(config.model.source, config.model.revision))
+    template = prepare_tokenizer(tokenizer, config.tools.chat_template, config.model.source)
+    sizes = measure_tools(config, tokenizer, toolbox, rows, uses_vllm=pipeline_backend(config) == "vllm")
+    logger.info("tools: %s; template: %s", sizes.summary(), template.describe())
+    return {"template": template.describe(), "sizes": asdict(sizes), "sizes_summary": sizes.summary()}
 
 
 def check_judge_canaries(config: PipelineConfig, train: list[dict[str, Any]], stage_dir: Path) -> list[dict[str, Any]]:
@@ -309,7 +361,7 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
         for path in (result.report_path, result.quarantine_path):
             stage.log_artifact(path, "validate")
         stage.log_artifact(stage.dir / "data_docs", "validate/data_docs")
-        for name in ("canaries.json", "judge_canaries.json"):
+        for name in ("canaries.json", "judge_canaries.json", "tool_canaries.json"):
             if (stage.dir / name).is_file():
                 stage.log_artifact(stage.dir / name, "validate")
         for report in result.judge_canaries:
@@ -322,7 +374,13 @@ def validate_task(config: PipelineConfig, tracker: Tracker) -> ValidateResult:
             f"### validate\n{result.rows_in} rows in = {result.rows_kept} kept + {result.rows_quarantined} "
             f"quarantined ({result.rows_unreadable} of them unreadable lines); "
             f"split {result.rows_train} train / {result.rows_holdout} hold-out; "
-            f"fingerprint `{result.fingerprint}`\n\n| reason | rows |\n|---|---|\n{reasons}\n",
+            f"fingerprint `{result.fingerprint}`\n\n| reason | rows |\n|---|---|\n{reasons}\n"
+            + (
+                f"\ntools: {', '.join(result.tools['tools']['methods'])}; {result.tools['sizes_summary']}; template: "
+                f"{result.tools['template']}\n"
+                if result.tools.get("sizes_summary")
+                else ""
+            ),
         )
         enforce_limits(result, config)
         enforce_judges(result, stage.dir)

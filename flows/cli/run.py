@@ -166,6 +166,11 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
         f"data: ok ({result.rows_kept}/{result.rows_in} rows kept, {result.rows_train} train, "
         f"{result.rows_holdout} hold-out; {result.rows_quarantined} quarantined{': ' + reasons if reasons else ''})"
     )
+    if result.tools:
+        console.print(
+            f"tools: ok ({', '.join(result.tools['tools']['methods'])}: {result.tools['canaries']} canaries passed; "
+            f"{result.tools.get('sizes_summary', 'no rows to size')}; template: {result.tools.get('template', '-')})"
+        )
     uri = store_uri(cfg)
     local = local_store_path(uri)
     if local is not None and not local.exists():

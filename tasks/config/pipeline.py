@@ -126,7 +126,7 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _tools_fit(self) -> PipelineConfig:
-        problems = tool_problems(self.tools, self.grpo)
+        problems = tool_problems(self.tools, self.grpo, self.evaluation)
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -139,7 +139,7 @@ class ToolSettings(Strict):
         return bool(self.use)
 
 
-def tool_problems(tools: ToolSettings, grpo: Any) -> list[str]:
+def tool_problems(tools: ToolSettings, grpo: Any, evaluation: Any = None) -> list[str]:
     """What cannot work in a pipeline with tools (checked at load), each naming its keys.
 
     >>> from tasks.config.settings import GRPOSettings
@@ -155,6 +155,12 @@ def tool_problems(tools: ToolSettings, grpo: Any) -> list[str]:
             f"grpo.max_completion_length ({grpo.max_completion_length}) is too short for tool use: it counts the "
             "tool calls and the tools' answers too (TRL drops a turn that would pass it); give at least "
             f"{MIN_TOOL_COMPLETION_TOKENS}"
+        )
+    if evaluation is not None and evaluation.max_new_tokens < MIN_TOOL_COMPLETION_TOKENS:
+        problems.append(
+            f"evaluation.max_new_tokens ({evaluation.max_new_tokens}) is too short for tool use: the tools' answers "
+            f"count toward it as in training; give at least {MIN_TOOL_COMPLETION_TOKENS} (grpo.max_completion_length "
+            "is the usual choice)"
         )
     if grpo.generation.vllm_max_model_len <= grpo.max_completion_length:
         problems.append(

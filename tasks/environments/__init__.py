@@ -12,6 +12,12 @@ from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
+    "ToolCanaryFailed": "checks",
+    "ToolLengthError": "checks",
+    "ToolSizes": "checks",
+    "measure_tools": "checks",
+    "tool_canaries": "checks",
+    "unknown_tool_reason": "checks",
     "CHATML": "chat_template",
     "ChatTemplateError": "chat_template",
     "TINY": "chat_template",
@@ -25,6 +31,9 @@ _EXPORTS = {
     "PythonLimits": "python_tool",
     "SandboxUnavailable": "python_tool",
     "run_python": "python_tool",
+    "arithmetic_traces": "traces",
+    "dataset_message": "traces",
+    "tool_sft_examples": "traces",
     "RolloutTools": "toolbox",
     "ToolError": "toolbox",
     "ToolLimitReached": "toolbox",

@@ -9,6 +9,7 @@ Must not import: ``tasks.training``, ``tasks.tracking``, ``tasks.registry``, ``t
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import Any
 
 from tasks.config import PYTHON_TOOL
 from tasks.environments.toolbox import Toolbox, error_answer
+from tasks.inputs import answer_completion, prompt_messages
 
 _ARITHMETIC = re.compile(r"What is ([0-9+\-* ]+)\?")
 
@@ -82,3 +84,53 @@ def arithmetic_traces(
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(trace, range(len(prompts))))
+
+
+def tool_sft_examples(rows: Sequence[dict[str, Any]], toolbox: Any, config: Any) -> list[dict[str, Any]]:
+    """Conversational pairs for a pipeline with tools (TRL renders them with the tools' schemas, ``tools``): the
+    completion is the row's own trace (a ``completion`` that is a list of messages), else a trace the program
+    writes (built-in arithmetic: a python call and the tool's real answer, ``tasks.environments.traces``), else the
+    answer as one assistant turn."""
+    finals = [
+        row["completion"]
+        if isinstance(row.get("completion"), str)
+        else answer_completion(config.data.kind, row["ground_truth"])
+        for row in rows
+    ]
+    prompts = [prompt_messages(row["prompt"], config.data.system_prompt) for row in rows]
+    missing = [i for i, row in enumerate(rows) if not isinstance(row.get("completion"), list)]
+    written = dict(
+        zip(
+            missing,
+            arithmetic_traces(toolbox, [prompts[i] for i in missing], [finals[i] for i in missing]),
+            strict=True,
+        )
+    )
+    schemas = json.dumps(toolbox.schemas)
+    examples = []
+    for i, row in enumerate(rows):
+        own = row.get("completion") if isinstance(row.get("completion"), list) else None
+        completion = own or written.get(i) or [{"role": "assistant", "content": finals[i]}]
+        examples.append(
+            {"prompt": prompts[i], "completion": [dataset_message(m) for m in completion], "tools": schemas}
+        )
+    return examples
+
+
+def dataset_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as a dataset row can hold it: tool-call arguments as JSON text (a dataset merges the keys of every
+    tool's arguments into one struct, giving each call the others' as nulls; the template writes text as it is).
+
+    >>> dataset_message({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    ...     "name": "python", "arguments": {"code": "1"}}}]})["tool_calls"][0]["function"]["arguments"]
+    '{"code": "1"}'
+    """
+    calls = [
+        {"type": "function", "function": {**call["function"], "arguments": _as_text(call["function"].get("arguments"))}}
+        for call in message.get("tool_calls") or []
+    ]
+    return {**message, "tool_calls": calls} if calls else dict(message)
+
+
+def _as_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)

@@ -15,7 +15,11 @@ The detectors (early = the first third of the steps, late = the last third):
 - ``judge_without_verifiable`` (judges): a judge's verdict rose by ≥ 0.05 while the verifiable reward, and any
   second judge, rose < 0.05;
 - ``rubric_echo`` (LLM judges): ≥ 20 % of late completions repeat a fifth or more of the judge's rubric word
-  3-grams (and ≥ 10 points more than early).
+  3-grams (and ≥ 10 points more than early);
+- ``tool_calls_grew`` (tools): tool calls per rollout grew ≥ 1.5× and by ≥ 0.5 while the correctness reward rose
+  < 0.05 (the policy calls more without answering better: the tool is being farmed, or looped on);
+- ``tool_errors_rose`` (tools): the share of tool calls that failed (an error, a timeout, a limit) rose by ≥ 0.15
+  to ≥ 20 %.
 
 Must not import: Prefect, MLflow, the stages.
 """
@@ -32,6 +36,10 @@ LENGTH_FACTOR = 1.5
 CLIPPED_RISE = 0.25
 REPETITION_RISE = 0.15
 COPYING_SHARE = 0.2
+CALLS_FACTOR = 1.5
+CALLS_RISE = 0.5
+TOOL_ERROR_RISE = 0.15
+TOOL_ERROR_SHARE = 0.2
 
 
 @dataclass
@@ -143,6 +151,46 @@ def judge_findings(
     return found
 
 
+def tool_findings(
+    early: Sequence[dict[str, Any]], late: Sequence[dict[str, Any]], correct_rise: float
+) -> list[Finding]:
+    """The tool-use detectors on the early and late GRPO rows (none when no rollout called a tool).
+
+    >>> early = [{"tool_calls": 1, "tool_errors": 0}] * 4
+    >>> late = [{"tool_calls": 3, "tool_errors": 2}] * 4
+    >>> [f.detector for f in tool_findings(early, late, correct_rise=0.0)]
+    ['tool_calls_grew', 'tool_errors_rose']
+    >>> [f.detector for f in tool_findings(early, late, correct_rise=0.2)]
+    ['tool_errors_rose']
+    """
+    if not any(r.get("tool_calls") for part in (early, late) for r in part):
+        return []
+    found = []
+    calls = [_mean([r.get("tool_calls") or 0 for r in part]) for part in (early, late)]
+    if calls[1] >= CALLS_FACTOR * calls[0] and calls[1] - calls[0] >= CALLS_RISE and correct_rise < MIN_REWARD_RISE:
+        found.append(
+            Finding(
+                "tool_calls_grew",
+                f"tool calls per rollout grew {calls[0]:.2f} → {calls[1]:.2f} while correctness rose "
+                f"{correct_rise:+.3f}",
+                {"calls_early": calls[0], "calls_late": calls[1], "correctness_rise": correct_rise},
+            )
+        )
+    shares = []
+    for part in (early, late):
+        made = sum(r.get("tool_calls") or 0 for r in part)
+        shares.append(sum(r.get("tool_errors") or 0 for r in part) / made if made else 0.0)
+    if shares[1] - shares[0] >= TOOL_ERROR_RISE and shares[1] >= TOOL_ERROR_SHARE:
+        found.append(
+            Finding(
+                "tool_errors_rose",
+                f"the share of tool calls that failed rose {shares[0]:.0%} → {shares[1]:.0%}",
+                {"tool_error_share_early": shares[0], "tool_error_share_late": shares[1]},
+            )
+        )
+    return found
+
+
 def audit_rollouts(
     rows: Sequence[dict[str, Any]],
     weights: dict[str, float],
@@ -226,4 +274,4 @@ def audit_rollouts(
     if copying[1] >= COPYING_SHARE and copying[1] - copying[0] >= 0.1:
         message = f"{copying[1]:.0%} of late completions copy their prompt ({copying[0]:.0%} early)"
         found.append(Finding("prompt_copying", message, {"copying_early": copying[0], "copying_late": copying[1]}))
-    return found
+    return found + tool_findings(early, late, correct_rise)

@@ -44,9 +44,38 @@ def evaluation_table(result: Any) -> list[dict[str, Any]]:
             "general ppl": round(score.general.perplexity, 3) if score.general else None,
             "general KL": round(score.general.to_json().get("kl", 0.0), 5) if score.general else None,
             "engine": score.engine,
+            **tool_columns(score),
         }
         for name, score in result.scores.items()
     ]
+
+
+def tool_columns(score: Any) -> dict[str, Any]:
+    """With tools: the model's numbers without them and the paired gain the tools give (empty without tools).
+
+    >>> from types import SimpleNamespace as S
+    >>> gain = {"mean": 0.25, "low": 0.1, "high": 0.4, "n": 8}
+    >>> plain = {"greedy_accuracy": 0.5, "pass_at_k": {1: 0.25}, "tool_gain": gain, "greedy_tool_gain": gain}
+    >>> tool_columns(S(without_tools=plain, tool_use={"calls_per_rollout": 1.0}))["tool gain pass@1 (95% CI)"]
+    '+25.0 [+10.0, +40.0] pts'
+    """
+    plain = getattr(score, "without_tools", None)
+    if not plain:
+        return {}
+    gain, greedy_gain = plain["tool_gain"], plain["greedy_tool_gain"]
+    use = getattr(score, "tool_use", {}) or {}
+    return {
+        "greedy without tools": round(plain["greedy_accuracy"], 4),
+        "pass@1 without tools": round(plain["pass_at_k"].get(1, plain["pass_at_k"].get("1", float("nan"))), 4),
+        "tool gain pass@1 (95% CI)": _points(gain),
+        "tool gain greedy (95% CI)": _points(greedy_gain),
+        "tool calls per rollout": round(use.get("calls_per_rollout", 0.0), 3),
+        "tool error share": round(use.get("error_share", 0.0), 3),
+    }
+
+
+def _points(difference: dict[str, Any]) -> str:
+    return f"{100 * difference['mean']:+.1f} [{100 * difference['low']:+.1f}, {100 * difference['high']:+.1f}] pts"
 
 
 def _with_interval(drop: dict[str, Any] | None, point: str, interval: str) -> str:

@@ -208,6 +208,9 @@ def _check_extras(row: dict[str, Any], kind: str) -> None:
         except Exception as exc:
             raise RowProblem(f"schema is not a valid JSON schema: {exc}") from exc
     completion = row.get("completion")
+    if isinstance(completion, list) and not all(isinstance(message, dict) for message in completion):
+        kinds = sorted({type(message).__name__ for message in completion if not isinstance(message, dict)})
+        raise RowProblem(f"completion has type list of {', '.join(kinds)}, expected a string or a list of messages")
     if isinstance(completion, list):
         _check_trace(completion)
     elif completion is not None and not isinstance(completion, str):

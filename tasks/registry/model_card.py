@@ -24,7 +24,10 @@ TEMPLATE = """---
 
 ## Training recipe
 {{ recipe }}
-
+{% if tools %}
+## Tools
+{{ tools }}
+{% endif %}
 ## Probes
 {{ probes }}
 
@@ -74,7 +77,67 @@ def _table(evaluation: Any) -> str:
         if drop
     )
     engine = f"\n\nCompletions sampled by: {evaluation.engine}."
-    return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot + engine
+    return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot + engine + _tool_table(evaluation)
+
+
+def _tool_table(evaluation: Any) -> str:
+    """With tools: each model with and without them, and the paired gain the tools give (empty without tools)."""
+    from tasks.evaluation.report import tool_columns
+
+    columns = {name: tool_columns(score) for name, score in evaluation.scores.items()}
+    if not any(columns.values()):
+        return ""
+    lines = [
+        "\n\nWith and without the tools (the same prompts, paired):\n",
+        "| model | greedy with | greedy without | pass@1 with | pass@1 without | tool gain, pass@1 (95 % CI) | "
+        "calls / rollout | tool errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, score in evaluation.scores.items():
+        c = columns[name]
+        if c:
+            lines.append(
+                f"| {name} | {_percent(score.greedy_accuracy)} | {_percent(c['greedy without tools'])} | "
+                f"{_percent(score.pass_at_k.get(1))} | {_percent(c['pass@1 without tools'])} | "
+                f"{c['tool gain pass@1 (95% CI)']} | {c['tool calls per rollout']:.2f} | "
+                f"{_percent(c['tool error share'])} |"
+            )
+    return "\n".join(lines)
+
+
+def tools_text(config: Any) -> str:
+    """The card's tools section: each tool, its limits, and the per-rollout limits (empty without tools).
+
+    >>> from types import SimpleNamespace
+    >>> from tasks.config import ToolSettings
+    >>> text = tools_text(SimpleNamespace(tools=ToolSettings(use=[{"name": "python"}])))
+    >>> text.splitlines()[0].startswith("- `python` (built-in: runs the model's code in the sandbox")
+    True
+    """
+    tools = config.tools
+    if not tools.enabled:
+        return ""
+    lines = []
+    for spec in tools.use:
+        if spec.name == "python":
+            limits = ", ".join(f"{key} {value}" for key, value in spec.python_args().items())
+            lines.append(
+                f"- `{spec.label}` (built-in: runs the model's code in the sandbox, no network, no host "
+                f"files; {limits})"
+            )
+        else:
+            lines.append(f"- `{spec.label}` (`{spec.name}`" + (f", args {spec.args}" if spec.args else "") + ")")
+    lines.append(
+        f"- per rollout: at most {tools.max_turns} tool turns, {tools.max_calls} calls, {tools.max_seconds:g} s of "
+        f"tool time, {tools.max_output_bytes} bytes of tool output fed back; each call times out after "
+        f"{tools.call_timeout_s:g} s; {'one interpreter session per rollout' if tools.session else 'no session'}; "
+        f"chat template `{tools.chat_template}`"
+    )
+    lines.append(
+        "- the model calls them while it answers (TRL's tool loop in GRPO; grpoflow's own loop in probe and "
+        "evaluation); the tools' answers are never trained on"
+    )
+    return "\n".join(lines)
 
 
 def version_card(
@@ -100,7 +163,8 @@ def version_card(
         base_model=config.model.source,
         library_name="peft",
         pipeline_tag="text-generation",
-        tags=["grpoflow", "lora", "trl", "grpo" if role == "candidate" else "sft", f"task-{config.data.kind}"],
+        tags=["grpoflow", "lora", "trl", "grpo" if role == "candidate" else "sft", f"task-{config.data.kind}"]
+        + (["tool-use"] if config.tools.enabled else []),
     )
     stage = "SFT then GRPO" if role == "candidate" else "SFT (the backup of the adapter GRPO continued)"
     low, high = scores.pass1_interval
@@ -163,6 +227,7 @@ def version_card(
         summary=summary,
         data=data_text,
         recipe=recipe,
+        tools=tools_text(config),
         probes=probes_text,
         evaluation=_table(evaluation),
         promotion=decision,
