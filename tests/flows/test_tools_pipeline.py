@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from tasks.config import load_config
-from tasks.training import read_ledger
 from tasks.tracking import client_for
+from tasks.training import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import ToolSettings, load_config
-from tasks.environments import ToolCanaryFailed, ToolLengthError, Toolbox, measure_tools, tool_canaries
+from tasks.environments import Toolbox, ToolCanaryFailed, ToolLengthError, measure_tools, tool_canaries
 from tasks.validate import run_validate
 
 REPO = Path(__file__).resolve().parents[3]

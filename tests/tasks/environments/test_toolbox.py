@@ -15,7 +15,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from tasks.config import ToolSettings, import_object
-from tasks.environments import ToolError, ToolLimitReached, Toolbox, error_answer
+from tasks.environments import Toolbox, ToolError, ToolLimitReached, error_answer
 from tasks.environments.toolbox import ToolTimeout
 
 USER_TOOLS = '''
