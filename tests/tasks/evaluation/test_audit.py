@@ -110,3 +110,20 @@ def test_completions_that_write_the_rubric_to_the_judge_are_found() -> None:
     assert "rubric_echo" not in detectors(
         audit_rollouts(_judged(), {**WEIGHTS, "judge": 0.5}, "math_accuracy", GAIN, {"judge": RUBRIC})
     )
+
+
+def test_tool_calls_that_grow_without_correctness_and_failing_calls_are_found() -> None:
+    # a policy that learned to call more, each call failing more often, answers no better
+    spamming = rows(tool_calls=lambda s, i: 1 + (s > 3) * 2, tool_errors=lambda s, i: (s > 3) * 2)
+    found = audit_rollouts(spamming, WEIGHTS, "math_accuracy", FLAT)
+    assert detectors(found) == ["tool_calls_grew", "tool_errors_rose"]
+    assert "tool calls per rollout grew 1.00 → 3.00" in found[0].message
+    assert "the share of tool calls that failed rose 0% → 67%" in found[1].message
+    # More calls that pay off (correctness rises with them) and calls that keep working: nothing to report.
+    paying = rows(
+        tool_calls=lambda s, i: 1 + (s > 3) * 2,
+        tool_errors=lambda s, i: 0,
+        **{"reward/math_accuracy": lambda s, i: min(1.0, 0.2 + 0.15 * s)},
+    )
+    assert audit_rollouts(paying, WEIGHTS, "math_accuracy", GAIN) == []
+    assert audit_rollouts(rows(tool_calls=lambda s, i: 0), WEIGHTS, "math_accuracy", FLAT) == []
