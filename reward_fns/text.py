@@ -3,6 +3,8 @@ Must not import: Prefect, MLflow, torch, ``tasks``."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from typing import Any
 
 Completion = str | list[dict[str, Any]]
@@ -84,7 +86,12 @@ def question_of(prompt: Any) -> str:
     'What is 2+3?'
     >>> question_of([{"role": "user", "content": "Name a prime."}]), question_of("plain text")
     ('Name a prime.', 'plain text')
+    >>> question_of('[{"role": "user", "content": "Name a prime."}]')  # a message list as the ledger keeps it
+    'Name a prime.'
     """
+    if isinstance(prompt, str) and prompt.startswith("[{"):
+        with contextlib.suppress(ValueError):
+            prompt = json.loads(prompt)
     if isinstance(prompt, list):
         users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         return str(users[-1]).strip() if users else str(prompt)

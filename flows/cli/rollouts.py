@@ -55,12 +55,14 @@ def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
         for row in rows:
             sys.stdout.write(json.dumps(row, default=str) + "\n")
         return
-    from tasks.evaluation import question_of
+    from reward_fns.text import question_of
 
     shown = []
     for row in rows:
         item = {key: row[key] for key in ("step", "prompt_id", "reward_total", "advantage", "trained") if key in row}
         item.update(question=question_of(row.get("prompt", ""))[:60], completion=str(row.get("completion", ""))[:80])
+        if row.get("turns"):  # a tool-using rollout: its calls, how many failed
+            item["tools"] = f"{row.get('tool_calls') or 0} calls, {row.get('tool_errors') or 0} failed"
         item["backend"] = row.get("backend")
         shown.append(
             {
@@ -69,6 +71,54 @@ def _show(rows: list[dict[str, Any]], output: str, title: str) -> None:
             }
         )
     print_table(title, shown)
+
+
+def conversation_lines(row: dict[str, Any]) -> list[str]:
+    r"""A ledger row as the conversation it was: each assistant turn's words and calls, each tool answer with its
+    time and whether it failed (a row without tool turns: its completion).
+
+    >>> turns = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+    ...     "name": "python", "arguments": {"code": "print(6*7)"}}}]}, {"role": "tool", "name": "python",
+    ...     "content": "42", "seconds": 0.05, "failed": False}, {"role": "assistant", "content": "\\boxed{42}"}]
+    >>> print("\n".join(conversation_lines({"turns": json.dumps(turns), "completion": "x"})))
+    assistant: calls python(code='print(6*7)')
+    tool python (0.05 s): 42
+    assistant: \boxed{42}
+    """
+    if not row.get("turns"):
+        return [f"assistant: {row.get('completion', '')}"]
+    lines = []
+    for turn in json.loads(row["turns"]):
+        if turn.get("role") == "tool":
+            seconds = turn.get("seconds")
+            timing = f" ({seconds:.2f} s{', failed' if turn.get('failed') else ''})" if seconds is not None else ""
+            lines.append(f"tool {turn.get('name', '?')}{timing}: {turn.get('content', '')}")
+            continue
+        if turn.get("content"):
+            lines.append(f"assistant: {turn['content']}")
+        for call in turn.get("tool_calls") or []:
+            function = call.get("function", call)
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            shown = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+            lines.append(f"assistant: calls {function.get('name')}({shown})")
+    return lines
+
+
+def _show_conversations(rows: list[dict[str, Any]], title: str) -> None:
+    from reward_fns.text import question_of
+
+    console.print(title)
+    for row in rows:
+        reward = row.get("reward_total")
+        head = f"step {row.get('step')} · {row.get('prompt_id')}" + (
+            f" · reward {reward:.3g}" if isinstance(reward, float) else ""
+        )
+        console.print(f"\n[bold]{head}[/bold]", highlight=False)
+        console.print(f"user: {question_of(row.get('prompt', ''))}", markup=False, highlight=False)
+        for line in conversation_lines(row):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def rollouts(
@@ -88,6 +138,9 @@ def rollouts(
     diff: Annotated[tuple[int, int] | None, typer.Option(help="STEP_A STEP_B: the same prompts early, late.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows (0: all).")] = 20,
     output: Annotated[str, typer.Option("--format", help="table or jsonl.")] = "table",
+    show_conversation: Annotated[
+        bool, typer.Option("--conversation", help="Each row as its conversation: turns, tool calls and answers.")
+    ] = False,
     config: ConfigOption = None,
     tracking_uri: TrackingOption = None,
     set_: SetOption = None,
@@ -141,7 +194,11 @@ def rollouts(
     if worst or best:
         rows = extreme_groups(rows, worst or best or 0, worst=bool(worst))
     total = len(rows)
-    _show(rows[: limit or None], output, f"{run}: {min(total, limit or total)} of {total} rows")
+    title = f"{run}: {min(total, limit or total)} of {total} rows"
+    if show_conversation and output == "table":
+        _show_conversations(rows[: limit or None], title)
+        return
+    _show(rows[: limit or None], output, title)
 
 
 def rescore(
@@ -182,8 +239,11 @@ def rescore(
             f"reward {name} fails {len(problems)} canary case(s), e.g. {problems[0].describe()}; fix "
             "it before re-scoring"
         )
+    from tasks.training import conversation
+
+    # a tool-using rollout is scored as it was in training: its conversation (the final assistant turn answers)
     values = function(
-        completions=[r["completion"] for r in rows], prompts=[r["prompt"] for r in rows], **reward_kwargs(rows)
+        completions=[conversation(r) for r in rows], prompts=[r["prompt"] for r in rows], **reward_kwargs(rows)
     )
     weights = {(s.name.rsplit(":", 1)[-1]): s.weight for s in cfg.rewards}
     report = rescore_report(rows, name, values, weights, weights.get(name, weight), cfg.grpo.scale_rewards)

@@ -37,7 +37,6 @@ _EXPORTS = {
     "diff_steps": "rollouts",
     "extreme_groups": "rollouts",
     "filter_rows": "rollouts",
-    "question_of": "rollouts",
     "group_advantages": "rollouts",
     "rescore_report": "rollouts",
     "reward_kwargs": "rollouts",

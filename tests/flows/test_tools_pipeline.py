@@ -9,11 +9,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from flows.cli import main
 from tasks.config import load_config
 from tasks.tracking import client_for
 from tasks.training import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class _Command:
+    name = "grpoflow"
+
+    def main(self, args: list[str], prog_name: str | None = None, **extra: object) -> None:
+        main(list(args))
+
+
+def grpoflow(*args: str):  # noqa: ANN201
+    return CliRunner().invoke(_Command(), list(args))  # type: ignore[arg-type]
 
 
 def _tool_rounds(turns: list[dict]) -> list[list[dict]]:
@@ -67,3 +81,15 @@ def test_the_tool_pipeline_trains_on_its_own_tokens_only_and_registers_a_card_wi
     card = Path(client.download_artifacts(version.run_id, "", str(tmp_path / "v1")))
     text = next(card.rglob("README.md")).read_text()
     assert "## Tools" in text and "python" in text and "With and without the tools" in text
+
+    # grpoflow rollouts shows each rollout as its conversation; rescore reads the conversations, as training did
+    common = ["-c", str(REPO / "configs" / "tiny-tools.yaml"), "--set", f"output_dir={config.output_dir}"]
+    shown = grpoflow("rollouts", "tiny-tools-e2e", "--conversation", "--limit", "0", *common)
+    assert shown.exit_code == 0, shown.output
+    tool_turns = sum(turn["role"] == "tool" for row in rows for turn in json.loads(row["turns"]))
+    assert shown.output.count("\ntool python (") == tool_turns
+    table = grpoflow("rollouts", "tiny-tools-e2e", "--limit", "0", *common)
+    assert table.exit_code == 0 and "tools" in table.output, table.output  # its column: each row's calls
+    rescored = grpoflow("rescore", "tiny-tools-e2e", "--reward", "math_accuracy", *common)
+    assert rescored.exit_code == 0, rescored.output
+    assert json.loads(rescored.stdout[rescored.stdout.index("{") :])["agreement"] == 1.0
