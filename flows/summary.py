@@ -70,6 +70,8 @@ def print_summary(summary: dict[str, Any]) -> None:
                 f"[{low:.1%}, {high:.1%}]",
             )
         console.print(table)
+        if any(score.get("without_tools") for score in models.values()):
+            console.print(tool_table(models))
         for against, key in (("base", "forgetting"), ("champion", "forgetting_vs_champion")):
             if evaluation.get(key):  # intervals are 95 %, paired over the same questions and documents
                 console.print(f"forgetting vs {against}: {describe(evaluation[key])}")
@@ -88,3 +90,36 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"(SFT backup: {promotion['registered_model']}-sft v{promotion['sft_version']}) → {outcome}: "
             f"{promotion['reason']}"
         )
+
+
+def tool_table(models: dict[str, Any]) -> Table:
+    """Each model with its tools and without them on the same prompts, and the paired gain the tools give."""
+    table = Table(title="with and without the tools (same prompts, paired)")
+    for column in ("model", "greedy with", "greedy without", "pass@1 with", "pass@1 without", "tool gain (95% CI)"):
+        table.add_column(column, justify="right")
+    table.add_column("calls / rollout", justify="right")
+    for name, score in models.items():
+        plain = score.get("without_tools")
+        if not plain:
+            continue
+        gain = plain["tool_gain"]
+        table.add_row(
+            name,
+            f"{score['greedy_accuracy']:.1%}",
+            f"{plain['greedy_accuracy']:.1%}",
+            f"{_pass_at_1(score):.1%}",
+            f"{_pass_at_1(plain):.1%}",
+            f"{gain['mean']:+.1%} [{gain['low']:+.1%}, {gain['high']:+.1%}]",
+            f"{score.get('tool_use', {}).get('calls_per_rollout', 0.0):.2f}",
+        )
+    return table
+
+
+def _pass_at_1(score: dict[str, Any]) -> float:
+    """pass@1 of a score, its k keyed as written to JSON (text) or as computed (a number).
+
+    >>> _pass_at_1({"pass_at_k": {1: 0.5}}), _pass_at_1({"pass_at_k": {"1": 0.25}})
+    (0.5, 0.25)
+    """
+    values = score["pass_at_k"]
+    return values["1"] if "1" in values else values[1]

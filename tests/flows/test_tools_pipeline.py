@@ -53,6 +53,9 @@ def test_the_tool_pipeline_trains_on_its_own_tokens_only_and_registers_a_card_wi
     summary = pipeline(config, "tiny-tools-e2e")
 
     assert summary["promotion"]["version"] == "1"
+    from flows.summary import print_summary
+
+    print_summary(summary)  # the run's closing table, with and without the tool, from the summary in memory
     models = summary["evaluation"]["models"]
     assert set(models) == {"base", "sft", "grpo"}
     for score in models.values():  # every model scored with the tool and without it, on the same prompts
