@@ -107,19 +107,9 @@ def tool_table(models: dict[str, Any]) -> Table:
             name,
             f"{score['greedy_accuracy']:.1%}",
             f"{plain['greedy_accuracy']:.1%}",
-            f"{_pass_at_1(score):.1%}",
-            f"{_pass_at_1(plain):.1%}",
+            f"{score['pass_at_k']['1']:.1%}",
+            f"{plain['pass_at_k']['1']:.1%}",
             f"{gain['mean']:+.1%} [{gain['low']:+.1%}, {gain['high']:+.1%}]",
             f"{score.get('tool_use', {}).get('calls_per_rollout', 0.0):.2f}",
         )
     return table
-
-
-def _pass_at_1(score: dict[str, Any]) -> float:
-    """pass@1 of a score, its k keyed as written to JSON (text) or as computed (a number).
-
-    >>> _pass_at_1({"pass_at_k": {1: 0.5}}), _pass_at_1({"pass_at_k": {"1": 0.25}})
-    (0.5, 0.25)
-    """
-    values = score["pass_at_k"]
-    return values["1"] if "1" in values else values[1]

@@ -108,8 +108,16 @@ class ModelScores:
 
 
 def _public(numbers: dict[str, Any]) -> dict[str, Any]:
-    """A score's numbers without its per-prompt lists (what JSON and tables show)."""
-    return {key: value for key, value in numbers.items() if not key.startswith("per_prompt")}
+    """A score's numbers without its per-prompt lists (what JSON and tables show), pass@k keyed by text as in
+    ``to_json``, so the summary in memory reads as its JSON does.
+
+    >>> _public({"pass_at_k": {1: 0.5}, "per_prompt_pass1": [0.5]})
+    {'pass_at_k': {'1': 0.5}}
+    """
+    public = {key: value for key, value in numbers.items() if not key.startswith("per_prompt")}
+    if "pass_at_k" in public:
+        public["pass_at_k"] = {str(k): v for k, v in public["pass_at_k"].items()}
+    return public
 
 
 @dataclass

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -393,3 +394,30 @@ def judge_server() -> Iterator[JudgeServer]:
     yield state
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A TCP server on the host's loopback that records every connection it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted: list[str] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, address = server.accept()
+                accepted.append(str(address))
+                connection.close()
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()

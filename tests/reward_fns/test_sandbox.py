@@ -7,7 +7,6 @@ a 0 reward therefore shows the act was contained, not merely that the program wa
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -45,33 +44,6 @@ def sandbox_processes() -> list[int]:
             if uid >= SANDBOX_UID_BASE and not held_elsewhere(uid):
                 found.append(int(name))
     return found
-
-
-@pytest.fixture(scope="module")
-def listener() -> tuple[int, list[str]]:
-    """A TCP server on the host's loopback that records every connection it accepts."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    accepted: list[str] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                connection, address = server.accept()
-                accepted.append(str(address))
-                connection.close()
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    server.close()
 
 
 def hostile_programs(port: int, home_file: Path, escape_file: Path) -> dict[str, tuple[str, str, set[str]]]:

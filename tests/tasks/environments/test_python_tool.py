@@ -6,12 +6,8 @@ its output cut) and contains nothing; the rollout goes on, and the next ordinary
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 from pathlib import Path
-
-import pytest
 
 from tasks.config import ToolSettings
 from tasks.environments import Toolbox
@@ -23,33 +19,6 @@ LIMITS = {"timeout_s": 3, "cpu_seconds": 2, "memory_mb": 128, "output_bytes": 51
 def toolbox(session: bool = False) -> Toolbox:
     settings = {"max_calls": 50, "max_seconds": 300, "max_output_bytes": 100_000, "session": session}
     return Toolbox(ToolSettings(use=[{"name": "python", "args": LIMITS}], **settings))
-
-
-@pytest.fixture(scope="module")
-def listener():
-    """A TCP server on the host's loopback that records every connection it accepts."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.2)
-    accepted: list[str] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                connection, address = server.accept()
-                accepted.append(str(address))
-                connection.close()
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    server.close()
 
 
 def test_hostile_calls_answer_with_an_error_and_the_rollout_goes_on(listener, tmp_path: Path) -> None:
