@@ -5,7 +5,6 @@ live in ``tasks/speedups/``."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, reward_columns
-from tasks.config import GenerationSettings, PipelineConfig, changed_settings, grpo_loss_args
+from tasks.config import PipelineConfig
 from tasks.environments import pipeline_tools
 from tasks.evaluation import verdict_cache
 from tasks.inputs import prompt_messages, read_jsonl, render_prompt
@@ -26,7 +25,7 @@ from tasks.layout import (
     HOLDOUT_FILE,
     RemoteGrpoRequest,
 )
-from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_backend, pipeline_engine_spec
+from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_backend
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
 from tasks.training import (
@@ -40,13 +39,14 @@ from tasks.training import (
     MlflowTrainerCallback,
     NoneShareGuard,
     RewardNoneLimitExceeded,
+    SamplerAgreement,
     SamplerAgreementGuard,
     Selection,
     SignalStateSaver,
     SignalStop,
     TrainResult,
-    common_trainer_args,
-    holdout_trainer_args,
+    grpo_trainer_class,
+    grpo_training_args,
     load_signal_state,
     lora_config,
     replay_history,
@@ -54,8 +54,10 @@ from tasks.training import (
     select_adapter,
     slice_for,
     store_for,
+    tool_generation,
     train_and_save,
     train_on_processes,
+    vllm_setup,
     write_selection,
 )
 from tasks.training.nodes import train_on_nodes
@@ -78,124 +80,6 @@ def grpo_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: Pipeli
         }
         for index, row in enumerate(rows)
     ]
-
-
-def generation_args(settings: GenerationSettings, backend: str) -> dict[str, Any]:
-    """TRL GRPOConfig arguments for the backend (``use_vllm`` and its mode, server URL, memory share).
-
-    >>> generation_args(GenerationSettings(), "vllm")["vllm_mode"]
-    'colocate'
-    >>> generation_args(GenerationSettings(), "transformers")
-    {'use_vllm': False}
-    """
-    if backend != "vllm":
-        return {"use_vllm": False}
-    args: dict[str, Any] = {
-        "use_vllm": True,
-        "vllm_mode": settings.vllm_mode,
-        "vllm_gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
-        "vllm_tensor_parallel_size": settings.vllm_tensor_parallel_size,
-    }
-    if settings.vllm_mode == "server":
-        args["vllm_server_base_url"] = settings.vllm_server_base_url
-    return args
-
-
-def vllm_setup(config: PipelineConfig, base_model_dir: Path, backend: str) -> Any:
-    """How this pipeline's GRPO reaches vLLM (``tasks.speedups.vllm_colocate.VllmSetup``), or None."""
-    if backend != "vllm":
-        return None
-    from tasks.speedups.vllm_colocate import VllmSetup
-
-    generation = config.grpo.generation
-    if generation.vllm_mode == "server":
-        return VllmSetup(
-            "server",
-            server_url=generation.vllm_server_base_url,
-            server_timeout_s=generation.vllm_server_timeout_s,
-            sync_root=generation.vllm_adapter_dir,
-        )
-    return VllmSetup(
-        "colocate", engine=pipeline_engine_spec(config, base_model_dir), sync_root=generation.vllm_adapter_dir
-    )
-
-
-def grpo_training_args(config: PipelineConfig, stage_dir: Path, backend: str, reward_weights: list[float]) -> Any:
-    """The ``GRPOConfig`` of this pipeline's GRPO stage: the run's length, batches and sampling, the engine, and
-    every loss and stability setting under its TRL name (``grpo_loss_args``); logs the loss settings it changes."""
-    from trl import GRPOConfig
-
-    settings = config.grpo
-    checkpoint_steps = settings.checkpoint_steps
-    if settings.select == "best" and not checkpoint_steps:  # saves at the evaluations only (transformers keeps
-        checkpoint_steps = settings.max_steps + 1  # the best checkpoint with a "steps" save strategy alone)
-    loss_changes = changed_settings(settings)
-    logger.info(
-        "GRPO loss: %s%s",
-        settings.loss_type,
-        "".join(f", {name} {value}" for name, value in loss_changes.items()),
-    )
-    if backend != "vllm" and any(name.startswith("vllm_importance") for name in loss_changes):
-        logger.info("GRPO: the vLLM importance-sampling settings are not used: %s generates", backend)
-    return GRPOConfig(
-        **generation_args(settings.generation, backend),
-        **common_trainer_args(config, stage_dir / CHECKPOINTS, checkpoint_steps),
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        num_generations=settings.num_generations,
-        max_completion_length=settings.max_completion_length,
-        temperature=settings.temperature,
-        steps_per_generation=settings.steps_per_generation,
-        **grpo_loss_args(settings),
-        **holdout_trainer_args(config),
-        **({"max_tool_calling_iterations": config.tools.max_turns} if config.tools.enabled else {}),
-        reward_weights=reward_weights,
-        logging_steps=settings.logging_steps,
-        lr_scheduler_type="constant",
-    )
-
-
-def tool_generation(trainer_class: type, backend: str) -> str:
-    """What samples a tool-using rollout's turns (TRL's tool loop calls the trainer's ``_generate_single_turn`` for
-    each): vLLM, grpoflow's shared-prefill loop, or TRL's transformers generation.
-
-    >>> tool_generation(grpo_trainer_class("off"), "transformers"), tool_generation(object, "vllm")
-    ('TRL transformers generate', 'vLLM')
-    """
-    if backend == "vllm":
-        return "vLLM"
-    shared = any(cls.__name__ == "SharedPrefillGRPOTrainer" for cls in trainer_class.__mro__)
-    return "grpoflow's shared-prefill loop" if shared else "TRL transformers generate"
-
-
-@functools.cache
-def grpo_trainer_class(speedups: str) -> type:
-    """The trainer GRPO runs: TRL's ``GRPOTrainer`` with the online difficulty filter (a feature: on with either
-    setting), over grpoflow's shared-prefill trainer with ``auto`` (where ``speedups_on`` allows), over TRL's own
-    with ``off``.
-
-    Either one generates through vLLM when it is given a ``vllm_setup`` (``VllmAdapterSync``: adapter-only sync).
-
-    Every one keeps the rollout ledger (``RolloutLedgerMixin``) when it is given one, and scores the hold-out slice
-    while it trains (``HoldoutEvaluationMixin``) when it is given one.
-
-    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:6]]
-    ['HoldoutEvaluationMixin', 'DynamicSamplingMixin', 'RolloutLedgerMixin', 'VllmAdapterSync', 'GRPOTrainer']
-    """
-    from trl import GRPOTrainer
-
-    from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
-    from tasks.speedups.rollout_ledger import RolloutLedgerMixin
-    from tasks.speedups.vllm_colocate import VllmAdapterSync
-    from tasks.training import HoldoutEvaluationMixin
-
-    mixins = (HoldoutEvaluationMixin, DynamicSamplingMixin, RolloutLedgerMixin, VllmAdapterSync)
-    if not speedups_on(speedups):
-        return type("StockGRPOTrainer", (*mixins, GRPOTrainer), {})
-    from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
-
-    return type("SharedPrefillGRPOTrainerWithFilter", (*mixins, SharedPrefillGRPOTrainer), {})
 
 
 def run_grpo(
@@ -253,10 +137,13 @@ def run_grpo(
         completion_sink,
         settings.log_completions_every,
     )
+    agreement = SamplerAgreement()
+    engine = engine_name(backend, settings.generation.vllm_mode)
     trainer = trainer_class(
+        sampler_agreement=agreement,
         holdout=holdout,
         ledger=ledger,
-        backend=engine_name(backend, settings.generation.vllm_mode),
+        backend=engine,
         dynamic_sampling=settings.dynamic_sampling,
         correctness_reward=CORRECTNESS_REWARD.get(config.data.kind),
         retirement_pool=pool,
@@ -275,7 +162,7 @@ def run_grpo(
             NoneShareGuard(rewards, settings.max_none_share),
             signal_stop,
             SignalStateSaver(pool),
-            *([SamplerAgreementGuard(settings.generation.vllm_max_logp_difference)] if backend == "vllm" else []),
+            SamplerAgreementGuard(agreement, settings.generation.max_logp_difference, engine),
             *([patience] if holdout else []),
             ledger_writer,  # before the callbacks handed in: a checkpoint mirror copies the ledger's copy too
             *callbacks,

@@ -50,7 +50,7 @@ ADDED_LATER = (
     "grpo.generation.vllm_kv_cache_gib",
     "grpo.generation.vllm_adapter_dir",
     "grpo.generation.vllm_max_model_len",
-    "grpo.generation.vllm_max_logp_difference",
+    "grpo.generation.max_logp_difference",
     "grpo.ledger_flush_steps",
     "promotion.block_on_audit",
     "evaluation.cache",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from tasks.config.base import Strict as _Strict
 from tasks.config.grpo_loss import GRPOLossSettings, loss_setting_problems
@@ -148,13 +148,29 @@ class GenerationSettings(_Strict):
         "/dev/shm. Server mode on another host: a path both hosts read.",
     )
     vllm_max_model_len: int = Field(1024, ge=64, description="Prompt plus completion tokens vLLM accepts.")
-    vllm_max_logp_difference: float = Field(
+    max_logp_difference: float = Field(
         0.1,
         gt=0,
-        description="Fail GRPO when the mean |log-prob| difference between vLLM's samples and the trainer's own "
-        "exceeds this on any of the first 3 steps (docs/vllm.md).",
+        validation_alias=AliasChoices("max_logp_difference", "vllm_max_logp_difference"),
+        description="Fail GRPO at the first step whose mean |log-prob| difference between the sampler's tokens and "
+        "the trainer's own exceeds this, on every engine (logged each step as sampler/logp_difference; "
+        "docs/engines.md). Formerly vllm_max_logp_difference, still read.",
     )
-    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vLLM tensor parallelism: 1 only (grpoflow's engine does not build TRL's tensor-parallel group).",
+    )
+
+    @field_validator("vllm_tensor_parallel_size")
+    @classmethod
+    def _one_engine_per_rank(cls, size: int) -> int:
+        if size > 1:
+            raise ValueError(
+                f"{size} is not supported yet: grpoflow's vLLM engine runs one per rank and does not build TRL's "
+                "tensor-parallel group; use 1 (several GPUs: several processes, orchestration.num_processes)"
+            )
+        return size
 
 
 class DynamicSamplingSettings(_Strict):

@@ -34,6 +34,8 @@ _EXPORTS = {
     "prepare_in_background": "sources",
     "resolve_model_source": "sources",
     "EngineSpec": "vllm_engine",
+    "rank_engine": "vllm_engine",
+    "rank_seed": "vllm_engine",
     "VllmSampler": "vllm_engine",
     "adapter_digest": "vllm_engine",
     "adapter_request": "vllm_engine",

@@ -177,7 +177,7 @@ def _generate(
                     if stock:
                         generated = _sample_with_generate(model, ids, samples, pad_id, generation_config)
                     else:
-                        generated = _sample_with_shared_prefill(
+                        generated, _ = _sample_with_shared_prefill(
                             model, ids, samples, pad_id, generation_config, greedy_first
                         )
                 new_tokens += int((generated != pad_id).sum())
@@ -207,10 +207,15 @@ def sample_groups(
     pad_id: int,
     eos_ids: Sequence[int],
     precision: str = "fp32",
-) -> list[list[int]]:
+    with_logps: bool = False,
+) -> Any:
     """Completion token ids for TRL's generation batch, in which each prompt appears once per sample, in a row:
     each run of equal prompts is prefilled once (``shared_prefill``) and its samples decoded together. Every
-    completion ends at its first EOS (kept), as TRL expects; the order is the input's."""
+    completion ends at its first EOS (kept), as TRL expects; the order is the input's.
+
+    ``with_logps``: returns ``(ids, logps)``, ``logps`` each sampled token's log-probability under the sampler's own
+    logits at the sampling temperature (``token_logps``: what TRL's loss computes from the trainer's logits), so
+    the trainer can check that it trains the policy that sampled (None where transformers' ``generate`` ran)."""
     groups: list[tuple[list[int], int]] = []
     for ids in prompt_ids:
         if groups and groups[-1][0] == list(ids):
@@ -219,15 +224,26 @@ def sample_groups(
             groups.append((list(ids), 1))
     eos = set(eos_ids)
     results: dict[int, list[list[int]]] = {}
+    logps: dict[int, list[list[float]]] | None = {} if with_logps else None
     with torch.inference_mode(), compute_autocast(precision):
         for samples in sorted({count for _, count in groups}):  # one batch per group size (usually one size)
             indices = [i for i, (_, count) in enumerate(groups) if count == samples]
-            rows = _sample_with_shared_prefill(
-                model, [groups[i][0] for i in indices], samples, pad_id, generation_config
-            ).tolist()
+            drawn, drawn_logps = _sample_with_shared_prefill(
+                model, [groups[i][0] for i in indices], samples, pad_id, generation_config, with_logps=with_logps
+            )
+            rows = drawn.tolist()
+            row_logps = drawn_logps.tolist() if drawn_logps is not None else None
             for k, i in enumerate(indices):
                 results[i] = [until_eos(tokens, eos) for tokens in rows[k * samples : (k + 1) * samples]]
-    return [tokens for i in range(len(groups)) for tokens in results[i]]
+                if logps is not None and row_logps is not None:
+                    kept = row_logps[k * samples : (k + 1) * samples]
+                    logps[i] = [values[: len(ids)] for values, ids in zip(kept, results[i], strict=True)]
+                elif logps is not None:
+                    logps = None  # one batch without them: none at all
+    ids = [tokens for i in range(len(groups)) for tokens in results[i]]
+    if not with_logps:
+        return ids
+    return ids, None if logps is None else [values for i in range(len(groups)) for values in logps[i]]
 
 
 def _left_padded(id_lists: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,14 +278,16 @@ def _sample_with_shared_prefill(
     pad_id: int,
     generation_config: Any,
     greedy_first: bool = False,
-) -> torch.Tensor:
+    with_logps: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Left-pad the prompts, prefill each once, and sample ``samples`` continuations of each (rows grouped by
     prompt; with ``greedy_first``, each group starts with its greedy row). Returns the completion tokens (rows ×
-    new tokens), ``pad_id`` after a row's EOS."""
+    new tokens), ``pad_id`` after a row's EOS, and with ``with_logps`` their log-probabilities (``token_logps``;
+    None where transformers' ``generate`` samples)."""
     input_ids, attention = _left_padded(id_lists, pad_id, next(model.parameters()).device)
     width = input_ids.size(1)
     if greedy_first or decodable(generation_config):
-        return _decode(model, input_ids, attention, samples, pad_id, generation_config, greedy_first)
+        return _decode(model, input_ids, attention, samples, pad_id, generation_config, greedy_first, with_logps)
     cache, _ = shared_prefill(model, input_ids[:, :-1], attention[:, :-1], samples)
     output = model.generate(
         input_ids=input_ids.repeat_interleave(samples, dim=0),
@@ -277,7 +295,7 @@ def _sample_with_shared_prefill(
         **with_cache(cache),
         generation_config=generation_config,
     )
-    return output[:, width:]
+    return output[:, width:], None
 
 
 def _decode(
@@ -288,12 +306,14 @@ def _decode(
     pad_id: int,
     config: Any,
     greedy_first: bool = False,
-) -> torch.Tensor:
+    with_logps: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Prefill each prompt once (all its tokens), copy its cache and last logits to its ``samples`` rows (one
     more, decoded greedily, first in each group with ``greedy_first``), then decode one token per step until
     every row has hit EOS or ``max_new_tokens``. Positions count real tokens, as ``generate`` counts them under
     left padding. Only the sampled rows draw random numbers, so they draw what they would alone. Finished rows
-    leave the batch (``compaction``): the logits of those still in it are computed, the draws stay as they were."""
+    leave the batch (``compaction``): the logits of those still in it are computed, the draws stay as they were.
+    Returns the tokens and, with ``with_logps``, each token's ``token_logps`` from the logits it was drawn from."""
     eos = torch.tensor(sorted(_as_list(config.eos_token_id)), device=input_ids.device)
     choose = {
         "greedy": not config.do_sample,
@@ -314,9 +334,12 @@ def _decode(
         present = torch.arange(attention.size(0), device=attention.device)  # the rows still in the batch
         greedy_rows = present % rows_per_prompt == 0 if greedy_first else torch.zeros_like(done)
         steps: list[torch.Tensor] = []
+        step_logps: list[torch.Tensor] = []
         for _ in range(config.max_new_tokens):
             token = _choose_tokens(logits, done, greedy_rows, pad_id, choose)
             steps.append(token)
+            if with_logps:
+                step_logps.append(token_logps(logits, token, choose["temperature"]))
             done |= torch.isin(token, eos)
             if bool(done.all()) or len(steps) == config.max_new_tokens:
                 break
@@ -337,7 +360,19 @@ def _decode(
             else:  # rows that left keep their last logits: their tokens are padding from now on
                 logits[present] = step_logits
             positions = positions + 1
-    return torch.stack(steps, dim=1)
+    return torch.stack(steps, dim=1), torch.stack(step_logps, dim=1) if with_logps else None
+
+
+def token_logps(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Each row's log-probability of its token under ``logits`` at ``temperature``, in fp32 over the whole
+    vocabulary: what TRL's loss computes from the trainer's logits (``selective_log_softmax``), not the filtered
+    distribution that top-k or top-p draws from.
+
+    >>> token_logps(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([1, 0])).exp().round(decimals=3).tolist()
+    [0.5, 0.881]
+    """
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    return scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(dim=-1)
 
 
 def _choose_tokens(

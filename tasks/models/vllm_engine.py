@@ -11,6 +11,7 @@ Must not import: Prefect, MLflow, the stages. ``vllm`` is an optional install an
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -131,6 +132,23 @@ def engine_spec(
         seed=seed,
         log_file=None if log_file is None else str(log_file),
     )
+
+
+def rank_seed(seed: int, rank: int, tensor_parallel_size: int = 1) -> int:
+    """The engine seed of one training rank, as TRL seeds its colocate engines (``process_index //
+    tensor_parallel_size``: the ranks of one tensor-parallel group alike, the others apart, so copies of a prompt
+    split across ranks draw different completions), offset by the run's seed so the seed still decides the run.
+
+    >>> [rank_seed(7, rank) for rank in range(3)], rank_seed(7, 3, tensor_parallel_size=2)
+    ([7, 8, 9], 8)
+    """
+    return seed + rank // tensor_parallel_size
+
+
+def rank_engine(spec: EngineSpec, rank: int) -> EngineSpec:
+    """``spec`` for one training rank: its seed per ``rank_seed`` (rank 0 keeps the pipeline's engine, which the
+    probe and evaluation share)."""
+    return dataclasses.replace(spec, seed=rank_seed(spec.seed, rank))
 
 
 _ENGINE: dict[str, Any] = {}  # {"spec": EngineSpec, "llm": vllm.LLM}

@@ -10,7 +10,8 @@ Must not import: Prefect, MLflow, the stages.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -18,8 +19,9 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.trainer.utils import selective_log_softmax, selective_log_softmax_and_entropy
 
-from tasks.models import resolve_dtype, sample_groups, with_cache
+from tasks.models import merge_is_exact, resolve_dtype, sample_groups, with_cache
 from tasks.speedups.merged_copy import MergedCopy
+from tasks.speedups.unmerged_view import UnmergedView
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +121,11 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer that encodes each prompt once for its whole group, in generation and in training.
 
     TRL puts each prompt ``num_generations`` times in the batch and encodes every copy. Here, in generation,
-    the copies share one prefill (its KV cache is copied), and sampling runs on a plain copy of the policy with
-    the LoRA deltas folded in (``MergedCopy``), in the compute precision, refreshed once per optimizer step; in
+    the copies share one prefill (its KV cache is copied), and sampling runs on the policy as a plain model
+    (``sampler_model``): in fp32 a copy with the LoRA deltas folded in (``MergedCopy``, refreshed once per optimizer
+    step); where a merge would round (bf16), a view over the trainer's own weights with the adapter kept apart
+    (``UnmergedView``), the products the trainer computes. It hands TRL each sampled token's log-probability, which
+    the sampler-agreement check compares with the trainer's own every step. In
     the loss, the copies share one encoding of the prompt and its gradient (``completion_logits``). vLLM,
     multimodal and multi-process runs keep TRL's own generation; on CUDA the loss is TRL's own (its fused LM-head
     kernel). A tool-using rollout's later rounds come here too, one sample per conversation (``grpo.tool_generation``
@@ -130,7 +135,7 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, precision: str = "fp32", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.generation_precision = precision
-        self._generation_model: MergedCopy | None = None
+        self._generation_model: Any = None  # MergedCopy, UnmergedView or LivePolicy (sampler_model)
         self._generation_model_step = -1
         self._shared_prefill_agrees: bool | None = None  # checked against TRL's log-probs on the first batch
 
@@ -247,16 +252,69 @@ class SharedPrefillGRPOTrainer(GRPOTrainer):
             with profiling_context(self, "merge_for_generation"):
                 if self._generation_model is None:
                     policy = self.accelerator.unwrap_model(self.model)
-                    self._generation_model = MergedCopy(policy, resolve_dtype(self.generation_precision))
+                    self._generation_model = sampler_model(policy, self.generation_precision)
                 else:
                     self._generation_model.refresh()
             self._generation_model_step = self.state.global_step
-        with profiling_context(self, "transformers.generate"):
-            completion_ids = sample_groups(
-                self._generation_model.model,
+        sampler = self._generation_model
+        with profiling_context(self, "transformers.generate"), sampler.sampling() as model:
+            completion_ids, logps = sample_groups(
+                model,
                 prompt_ids,
                 self.generation_config,
                 pad_id=self._tokenizer.pad_token_id,
                 eos_ids=self.eos_token_ids,
+                precision=sampler.precision,
+                with_logps=True,
             )
-        return completion_ids, None
+        return completion_ids, logps
+
+
+class LivePolicy:
+    """The trained PEFT model itself as GRPO's sampler (eval mode while it samples, under the compute precision's
+    autocast): the public path, for adapters the plain views do not cover (DoRA, several adapters)."""
+
+    def __init__(self, policy: Any, precision: str) -> None:
+        self.model, self.precision = policy, precision
+
+    def refresh(self) -> Any:
+        return self.model
+
+    @contextmanager
+    def sampling(self) -> Iterator[Any]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield self.model
+        finally:
+            self.model.train(was_training)
+
+
+class _Plain:
+    """A ``MergedCopy`` or ``UnmergedView`` as a sampler: its model, and the precision it samples under."""
+
+    def __init__(self, copy: Any, precision: str) -> None:
+        self.copy, self.precision = copy, precision
+
+    def refresh(self) -> Any:
+        return self.copy.refresh()
+
+    @contextmanager
+    def sampling(self) -> Iterator[Any]:
+        yield self.copy.model
+
+
+def sampler_model(policy: Any, precision: str) -> Any:
+    """What GRPO's transformers loop samples from: where merging is exact (fp32), a merged copy in fp32; where it
+    would round the adapter away (bf16), a view that keeps it apart (sampled under bf16 autocast, as the trainer
+    computes); the PEFT model itself where the view does not apply. Logs which."""
+    if merge_is_exact(precision):
+        logger.info("GRPO sampler: a merged fp32 copy of the policy, refreshed each step")
+        return _Plain(MergedCopy(policy, resolve_dtype(precision)), "fp32")
+    try:
+        view = UnmergedView(policy, resolve_dtype(precision))
+    except ValueError as exc:
+        logger.info("GRPO sampler: the PEFT model itself (%s)", exc)
+        return LivePolicy(policy, precision)
+    logger.info("GRPO sampler: the policy with its adapter kept apart from the bf16 weights (not merged)")
+    return _Plain(view, precision)

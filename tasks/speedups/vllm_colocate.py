@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.models import EngineSpec, VllmServerClient, adapter_digest, adapter_request, shared_engine
+from tasks.models import EngineSpec, VllmServerClient, adapter_digest, adapter_request, rank_engine, shared_engine
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,8 @@ def _vllm_generation_class() -> type:
                     self.vllm_client.check()  # one clear error before training starts
             else:
                 assert self.setup.engine is not None
-                self.llm = _WithAdapter(shared_engine(self.setup.engine), self)
+                spec = rank_engine(self.setup.engine, self.accelerator.process_index)  # a seed of its own per rank
+                self.llm = _WithAdapter(shared_engine(spec), self, spec.seed)
             self.accelerator.wait_for_everyone()
 
         def sync_weights(self) -> None:
@@ -176,15 +177,31 @@ def _vllm_generation_class() -> type:
 
 
 class _WithAdapter:
-    """The shared engine, as TRL's colocate generation sees it: every ``generate`` names the synced adapter."""
+    """The shared engine, as TRL's colocate generation sees it: every ``generate`` names the synced adapter.
 
-    def __init__(self, llm: Any, owner: Any) -> None:
+    On a CPU, vLLM's sampler draws from torch's global generator (it refuses per-request seeds), which every rank
+    seeded alike: each call draws instead from a generator forked and seeded from the rank's engine seed and the
+    call's number, so ranks draw apart, runs repeat, and training's own random stream is left as it was. On a GPU
+    vLLM's own generator, seeded per engine, draws."""
+
+    def __init__(self, llm: Any, owner: Any, seed: int) -> None:
+        import torch
+
         self._llm = llm
         self._owner = owner
+        self._seed = None if torch.cuda.is_available() else seed
+        self._calls = 0
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         kwargs.setdefault("lora_request", self._owner._lora)
-        return self._llm.generate(*args, **kwargs)
+        if self._seed is None:
+            return self._llm.generate(*args, **kwargs)
+        self._calls += 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self._seed * 1_000_003 + self._calls)
+            return self._llm.generate(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._llm, name)

@@ -10,6 +10,11 @@ from tasks import lazy_surface
 # name -> the module behind this package that defines it
 _EXPORTS = {
     "CompletionSampleLogger": "callbacks",
+    "generation_args": "grpo_trainers",
+    "grpo_trainer_class": "grpo_trainers",
+    "grpo_training_args": "grpo_trainers",
+    "tool_generation": "grpo_trainers",
+    "vllm_setup": "grpo_trainers",
     "HoldoutEvaluation": "holdout",
     "HoldoutEvaluationMixin": "holdout",
     "HoldoutPatience": "holdout",
@@ -33,8 +38,9 @@ _EXPORTS = {
     "write_part": "ledger",
     "NoneShareGuard": "callbacks",
     "RewardNoneLimitExceeded": "callbacks",
-    "SamplerAgreementGuard": "callbacks",
-    "SamplerMismatch": "callbacks",
+    "SamplerAgreement": "agreement",
+    "SamplerAgreementGuard": "agreement",
+    "SamplerMismatch": "agreement",
     "LaunchRequest": "launch",
     "train_on_processes": "launch",
     "RetirementPool": "learning_signal",

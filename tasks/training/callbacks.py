@@ -11,7 +11,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from reward_fns.registry import IsolatedReward
-from tasks.errors import GateStop, InfrastructureError
+from tasks.errors import GateStop
 
 
 class RewardNoneLimitExceeded(GateStop, RuntimeError):
@@ -33,41 +33,6 @@ class NoneShareGuard(TrainerCallback):
                     f"({stats.none_share:.0%} > grpo.max_none_share {self.limit:.0%}); "
                     f"errors: {stats.errors}, last: {stats.last_error}"
                 )
-
-
-class SamplerMismatch(InfrastructureError, RuntimeError):
-    """vLLM's sampling log-probs disagree with the trainer's own beyond the configured bound."""
-
-
-class SamplerAgreementGuard(TrainerCallback):
-    """On the first ``steps`` logged steps, fails GRPO when vLLM's sampling log-probs and the trainer's differ by
-    more than ``bound`` on average (TRL's ``sampling/sampling_logp_difference/mean``): a sync that did not reach
-    vLLM, a dtype or kernel mismatch. Each checked step's numbers go to the log."""
-
-    KEY = "sampling/sampling_logp_difference"
-
-    def __init__(self, bound: float, steps: int = 3) -> None:
-        self.bound, self.steps, self.seen = bound, steps, 0
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        import logging
-
-        logs = logs or {}
-        mean = logs.get(f"{self.KEY}/mean")
-        if mean is None or self.seen >= self.steps:
-            return
-        self.seen += 1
-        numbers = (
-            f"mean {mean:.4f}, max {logs.get(f'{self.KEY}/max', float('nan')):.4f}; importance-sampling "
-            f"ratio mean {logs.get('sampling/importance_sampling_ratio/mean', float('nan')):.3f}"
-        )
-        logging.getLogger(__name__).info("step %d: vLLM vs trainer log-probs: %s", state.global_step, numbers)
-        if not mean <= self.bound:  # NaN fails too
-            raise SamplerMismatch(
-                f"vLLM's sampling log-probs differ from the trainer's at step {state.global_step}: {numbers} "
-                f"(> grpo.generation.vllm_max_logp_difference {self.bound}); the samples do not come from the "
-                "policy being trained: check the adapter sync and the precision, or raise the bound"
-            )
 
 
 class CompletionSampleLogger(TrainerCallback):

@@ -5,8 +5,8 @@ from trl import GRPOConfig
 
 from tasks.config import ConfigError, GenerationSettings, load_config
 from tasks.errors import UserError
-from tasks.grpo import generation_args, grpo_trainer_class
 from tasks.models import resolve_backend
+from tasks.training import generation_args, grpo_trainer_class
 
 
 def test_auto_backend_picks_vllm_only_with_cuda_and_vllm() -> None:

@@ -50,7 +50,7 @@ def test_every_setting_is_covered_below() -> None:
 @pytest.mark.parametrize(("name", "value", "needs"), CHANGED, ids=[f"{n}={v}" for n, v, _ in CHANGED])
 def test_each_setting_reaches_grpo_config(name, value, needs, tmp_path) -> None:
     """The stage's own ``GRPOConfig`` (vLLM in colocate mode: the importance-sampling settings are read there)."""
-    from tasks.grpo import grpo_training_args
+    from tasks.training import grpo_training_args
 
     config = load_config(
         overrides={

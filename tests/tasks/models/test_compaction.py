@@ -40,7 +40,7 @@ _PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [40, 41, 42, 43], [50], [60
 def _decode(model: LlamaForCausalLM, precision: str) -> torch.Tensor:
     torch.manual_seed(11)
     with torch.inference_mode(), compute_autocast(precision):
-        return generation._sample_with_shared_prefill(model, _PROMPTS, 4, 0, _CONFIG, greedy_first=True)
+        return generation._sample_with_shared_prefill(model, _PROMPTS, 4, 0, _CONFIG, greedy_first=True)[0]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

@@ -28,7 +28,7 @@ def test_greedy_decoding_matches_generate(tiny_model) -> None:  # noqa: ANN001
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # different lengths: left padding
     config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=[2], pad_token_id=0)
     with torch.inference_mode():
-        ours = _sample_with_shared_prefill(tiny_model, prompts, 3, 0, config)
+        ours, _ = _sample_with_shared_prefill(tiny_model, prompts, 3, 0, config)
         width = max(map(len, prompts))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

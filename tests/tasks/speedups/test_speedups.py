@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
+import tasks.grpo  # noqa: F401  (imports Prefect now: its logging set-up must not replace caplog's handler later)
 import tasks.speedups as speedups
-from tasks.grpo import grpo_trainer_class  # imports Prefect, whose logging set-up must not replace caplog's handler
+from tasks.training import grpo_trainer_class
 
 
 def test_the_lock_is_inside_every_checked_range() -> None:
