@@ -75,7 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
     print(f"CPU: {cpu}; native bf16: {bf16_supported()}; torch threads {torch.get_num_threads()}")
     results: dict[str, list[dict[str, float]]] = {"merged": [], "apart": []}
     for _ in range(args.rounds):

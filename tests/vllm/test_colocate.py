@@ -122,9 +122,10 @@ def test_log_probs_beyond_the_bound_fail_grpo_with_the_numbers(
     from tasks.grpo import run_grpo
     from tasks.training import SamplerMismatch
 
-    config = make_vllm_config(tmp_path / "outputs", **{"grpo.generation.vllm_max_logp_difference": 1e-12})
+    config = make_vllm_config(tmp_path / "outputs", **{"grpo.generation.max_logp_difference": 1e-12})
     split = _split(config, tmp_path)
-    with pytest.raises(SamplerMismatch, match=r"at step 1: mean \d\.\d{4}, max .*> grpo.generation.vllm_max_logp"):
+    expected = r"^step 1: the vllm-colocate sampler's log-probs differ .* by \d\.\d{4} on average \(max .*> grpo"
+    with pytest.raises(SamplerMismatch, match=expected + r"\.generation\.max_logp_difference"):
         run_grpo(config, split.train_path, vllm_model_dir, None, tmp_path / "grpo")
 
 
