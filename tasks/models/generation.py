@@ -368,7 +368,7 @@ def token_logps(logits: torch.Tensor, tokens: torch.Tensor, temperature: float =
     vocabulary: what TRL's loss computes from the trainer's logits (``selective_log_softmax``), not the filtered
     distribution that top-k or top-p draws from.
 
-    >>> token_logps(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([1, 0])).exp().round(decimals=3).tolist()
+    >>> [round(p, 3) for p in token_logps(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([1, 0])).exp().tolist()]
     [0.5, 0.881]
     """
     scaled = logits.float() / temperature if temperature != 1.0 else logits.float()

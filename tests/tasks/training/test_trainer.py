@@ -187,7 +187,9 @@ def test_fast_grpo_paths_match_trl(tiny_config, tiny_split, tiny_model_dir, tiny
 
     prompts = [[5, 6, 7, 8]] * 4 + [[9, 10]] * 4
     completions, logprobs = trainer._generate_single_turn(prompts, None, {}, 4)
-    assert logprobs is None and len(completions) == 8
+    assert len(completions) == 8  # with each token's log-probability, for the sampler-agreement check
+    assert [len(values) for values in logprobs] == [len(c) for c in completions]
+    assert all(value <= 0.0 for values in logprobs for value in values)
     assert all(0 < len(c) <= 6 for c in completions)
     eos = set(trainer.eos_token_ids)
     assert all(token not in eos for c in completions for token in c[:-1])  # cut after the first EOS
