@@ -181,6 +181,15 @@ def run_grpo(
         if close is not None:
             close()  # the synced adapters' folder
     generated_by = trainer.generation_record.describe()
+    if agreement.steps:  # this process's view of every rank's differences (each rank records the gathered sums)
+        run = agreement.summary()
+        logger.info(
+            "GRPO sampler agreement over %d steps: mean |log-prob difference| %.4f, worst step %.4f, worst token %.3f",
+            run["steps"],
+            run["mean"],
+            run["max_step_mean"],
+            run["max"],
+        )
     logger.info(
         "GRPO generated with %s; rollout ledger: %d bytes written in %.2f s",
         generated_by,

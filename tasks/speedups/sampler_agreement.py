@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tasks.speedups.dynamic_sampling import loss_tokens
-from tasks.training.agreement import METRIC, SamplerAgreement
+from tasks.training.agreement import SamplerAgreement
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,3 @@ class SamplerAgreementMixin:
         if self.sampler_agreement is not None and "loss" in logs:  # a training log: the steps since the last
             logs.update(self.sampler_agreement.window())
         super().log(logs, *args, **kwargs)
-
-
-__all__ = ["METRIC", "SamplerAgreementMixin", "logp_differences"]
