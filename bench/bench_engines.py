@@ -1,7 +1,7 @@
 """Do grpoflow's two engines score an adapter the same? Greedy (and sampled) answers of one adapter on a run's
-first 100 hold-out prompts (the demo's config), by engine variant, then a comparison of the saved answers:
-accuracy, identical greedy text, greedy verdict agreement, and the sampled pass@1 difference with a paired
-bootstrap interval (docs/vllm.md, "Do the engines agree?").
+first 100 hold-out prompts (the demo's config; PROMPTS after SAMPLES sets how many), by engine variant, then a
+comparison of the saved answers: accuracy, identical greedy text, greedy verdict agreement, and the greedy and
+sampled pass@1 differences with paired bootstrap intervals (docs/vllm.md, "Do the engines agree?").
 
 Variants: ``hf-fp32``, ``hf-bf16`` (grpoflow's transformers loop; in bf16 the adapter kept apart from the weights),
 ``hf-bf16-merged`` (the path before the fix: merged, then bf16), ``vllm-fp32``, ``vllm-bf16`` (the in-process
@@ -24,8 +24,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sample(run: Path, adapter: Path, variant: str, out: Path, n: int = 0) -> None:
-    """Save the greedy answers (and ``n`` samples per prompt) of ``adapter`` through ``variant``."""
+def sample(run: Path, adapter: Path, variant: str, out: Path, n: int = 0, prompts: int = 100) -> None:
+    """Save the greedy answers (and ``n`` samples per prompt) of ``adapter`` on the run's first ``prompts``
+    hold-out prompts through ``variant``."""
     from tasks.config import load_config
     from tasks.inputs import render_prompt
     from tasks.models import load_policy, load_tokenizer, pipeline_engine_spec, resolve_model_source, shared_engine
@@ -34,7 +35,7 @@ def sample(run: Path, adapter: Path, variant: str, out: Path, n: int = 0) -> Non
     engine, precision = variant.split("-")[0], variant.split("-")[1]
     config = load_config(REPO / "configs" / "demo.yaml", overrides={"model.precision": precision})
     base = resolve_model_source(config.model.source)
-    rows = [json.loads(line) for line in (run / "validate" / "holdout.jsonl").read_text().splitlines()][:100]
+    rows = [json.loads(line) for line in (run / "validate" / "holdout.jsonl").read_text().splitlines()][:prompts]
     tokenizer = load_tokenizer(base)
     prompts = [render_prompt(tokenizer, r["prompt"], config.data.system_prompt) for r in rows]
     started = time.time()
@@ -62,6 +63,13 @@ def pass1(run: dict) -> np.ndarray:
     return np.array([correct(s, [g] * len(s)).mean() for s, g in zip(run["sampled"], run["gt"], strict=True)])
 
 
+def paired_interval(differences: np.ndarray, rng: np.random.Generator) -> str:
+    """A 95 % bootstrap interval of the mean of per-prompt differences, as ``[low, high]``."""
+    boots = [differences[rng.integers(0, len(differences), len(differences))].mean() for _ in range(10000)]
+    low, high = np.percentile(boots, [2.5, 97.5])
+    return f"[{low:+.3f}, {high:+.3f}]"
+
+
 def compare(paths: list[str]) -> None:
     """Print each variant's accuracy and, for each pair, how far they agree."""
     runs = {Path(p).stem: json.loads(Path(p).read_text()) for p in paths}
@@ -75,11 +83,11 @@ def compare(paths: list[str]) -> None:
             same = np.mean([x == y for x, y in zip(ra["greedy"], rb["greedy"], strict=True)])
             verdicts = np.mean(correct(ra["greedy"], ra["gt"]) == correct(rb["greedy"], rb["gt"]))
             print(f"{a} vs {b}: greedy text identical {same:.0%}, greedy verdict the same {verdicts:.0%}")
+            d = correct(ra["greedy"], ra["gt"]) - correct(rb["greedy"], rb["gt"])
+            print(f"  greedy {a} − {b}: {d.mean():+.3f}, paired 95 % CI {paired_interval(d, rng)}")
             if ra["sampled"] and rb["sampled"]:
                 d = pass1(ra) - pass1(rb)
-                boots = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(10000)]
-                low, high = np.percentile(boots, [2.5, 97.5])
-                print(f"  sampled pass@1 {a} − {b}: {d.mean():+.3f}, paired 95 % CI [{low:+.3f}, {high:+.3f}]")
+                print(f"  sampled pass@1 {a} − {b}: {d.mean():+.3f}, paired 95 % CI {paired_interval(d, rng)}")
 
 
 if __name__ == "__main__":
@@ -88,4 +96,5 @@ if __name__ == "__main__":
         compare(sys.argv[2:])
     else:
         run_dir, adapter_dir, chosen, output = sys.argv[2:6]
-        sample(Path(run_dir), Path(adapter_dir), chosen, Path(output), int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+        counts = [int(a) for a in sys.argv[6:8]]  # [SAMPLES [PROMPTS]]
+        sample(Path(run_dir), Path(adapter_dir), chosen, Path(output), *counts)

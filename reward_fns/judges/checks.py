@@ -155,19 +155,45 @@ def check_judge(
     return report
 
 
+def padded(completion: Any) -> Any:
+    """``completion`` with ``PADDING`` appended to what the model said last: a text gets it at its end; a
+    conversation (a tool rollout: a list of messages) gets it at the end of its last assistant message, the
+    messages before it left as they were.
+
+    >>> padded("4.").endswith(PADDING)
+    True
+    >>> turns = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "4"},
+    ...          {"role": "assistant", "content": "It is 4."}]
+    >>> [m["content"].endswith(PADDING) for m in padded(turns)]
+    [False, False, True]
+    """
+    if isinstance(completion, str):
+        return completion + PADDING
+    messages = [dict(message) for message in completion]
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):  # content parts
+                message["content"] = [*content, {"type": "text", "text": PADDING}]
+            else:
+                message["content"] = (content or "") + PADDING
+            return messages
+    return [*messages, {"role": "assistant", "content": PADDING.strip()}]
+
+
 def length_bias(
-    reward: Callable[..., list[float | None]], prompts: Sequence[Any], completions: Sequence[str], **columns: Any
+    reward: Callable[..., list[float | None]], prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
 ) -> dict[str, float]:
-    """The same answers padded with words that add nothing: the mean verdict gain and the share of answers the
-    padding raised (a judge without length bias: about 0 and about 0).
+    """The same answers padded with words that add nothing (texts, or conversations: ``padded``): the mean
+    verdict gain and the share of answers the padding raised (a judge without length bias: about 0 and about 0).
 
     >>> judge = lambda completions, **kw: [min(1.0, len(c) / 400) for c in completions]  # pays for length
     >>> length_bias(judge, ["q"], ["The answer is 4."])["padded_higher_share"]
     1.0
     """
     plain = reward(completions=list(completions), prompts=list(prompts), **columns)
-    padded = reward(completions=[c + PADDING for c in completions], prompts=list(prompts), **columns)
-    both = [(p, q) for p, q in zip(plain, padded, strict=True) if p is not None and q is not None]
+    longer = reward(completions=[padded(c) for c in completions], prompts=list(prompts), **columns)
+    both = [(p, q) for p, q in zip(plain, longer, strict=True) if p is not None and q is not None]
     if not both:
         return {"length_gain": math.nan, "padded_higher_share": math.nan, "length_pairs": 0}
     return {

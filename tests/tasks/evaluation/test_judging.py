@@ -59,6 +59,32 @@ def test_a_judge_that_pays_for_length_and_a_pairwise_one_that_prefers_a_position
     assert figures["position_split_share"] == 0.75 and not math.isnan(figures["verifiable_correlation"])
 
 
+def test_the_length_probe_pads_a_tool_rollouts_last_answer(tiny_config, judge_server) -> None:
+    """With tools a completion is a conversation: the probe pads its last assistant message (it crashed on
+    ``list + str`` before), and a judge that pays for length is still caught."""
+
+    def by_length(payload) -> str:
+        text = payload["messages"][-1]["content"]
+        return str(min(10, len(text.split("Response:\n", 1)[1].split("\n\nGive the response", 1)[0]) // 20))
+
+    judge_server.answer = by_length
+    call = {"type": "function", "function": {"name": "python", "arguments": {"code": "print(2 + 2)"}}}
+    conversations = [
+        [
+            [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "python", "content": str(2 * n)},
+                {"role": "assistant", "content": f"\\boxed{{{2 * n}}}"},
+            ]
+        ]
+        for n in range(1, 5)
+    ]
+    scores = {"correct": CORRECT[:, :1], "per_function": {"llm_judge": np.array([[0.0]] * 4)}}
+    config = _config(tiny_config, judge_server, model_digest="length-tools")
+    figures = judge_bias(config, ROWS, conversations, scores)["llm_judge"]
+    assert figures["length_pairs"] == 4 and figures["padded_higher_share"] == 1.0
+
+
 def test_the_judged_win_rate_counts_ties_half_and_leaves_unjudged_samples_out() -> None:
     from tasks.evaluation import win_rate
 
