@@ -4,7 +4,8 @@ printed comes back as the tool's answer, like a notebook cell: the value of a la
 
 Everything about the model's code happens inside the sandbox, its parsing included: this process only writes a
 fixed wrapper around the code as a string literal. With a session, a call runs after the rollout's earlier calls
-(replayed with their output hidden), so names they defined are there.
+that ran cleanly (replayed with their output hidden), so names they defined are there; a cell that failed, timed
+out or ran out of memory is left out, so it cannot take the calls after it down with it.
 Must not import: ``tasks.training``, ``tasks.tracking``, ``tasks.registry``, ``tasks.evaluation``, Prefect, MLflow.
 """
 

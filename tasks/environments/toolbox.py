@@ -140,7 +140,8 @@ class RolloutTools:
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         answer = run_python(code, self._python, self._cells if self._settings.session else ())
-        self._cells.append(code)
+        if answer.status == "passed":  # a cell that failed, ran out of time or memory is not replayed: it would again
+            self._cells.append(code)
         return answer.text, answer.failed
 
 

@@ -99,3 +99,16 @@ def test_a_session_keeps_a_rollouts_names_and_a_reset_or_no_session_does_not() -
     plain = toolbox(session=False).factory()
     plain.python("x = 41")
     assert "NameError" in plain.python("x + 1")
+
+
+def test_a_session_leaves_out_a_cell_that_timed_out_or_failed() -> None:
+    """A cell that ran past its time limit is not replayed before the next call (every later call timed out too)."""
+    environment = toolbox(session=True).factory()
+    environment.reset()
+    assert environment.python("y = 6\nprint('set')") == "set"
+    assert "ran past its time limit" in environment.python("while True:\n    pass")
+    assert "ZeroDivisionError" in environment.python("z = 1\n1 / 0")
+    started = time.monotonic()
+    assert environment.python("print(2 + 2)\ny * 7") == "4\n42"  # the clean cell's names are still there
+    assert time.monotonic() - started < LIMITS["timeout_s"]
+    assert [record.failed for record in environment.tool_calls] == [False, True, True, False]
