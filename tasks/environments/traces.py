@@ -10,15 +10,17 @@ Must not import: ``tasks.training``, ``tasks.tracking``, ``tasks.registry``, ``t
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tasks.config import PYTHON_TOOL
-from tasks.environments.toolbox import Toolbox, error_answer
+from tasks.environments.toolbox import Toolbox
 from tasks.inputs import answer_completion, prompt_messages
 
+logger = logging.getLogger(__name__)
 _ARITHMETIC = re.compile(r"What is ([0-9+\-* ]+)\?")
 
 
@@ -54,14 +56,18 @@ def tool_call_message(name: str, arguments: dict[str, Any], content: str = "") -
     return {"role": "assistant", "content": content, "tool_calls": [call]}
 
 
-def python_trace(toolbox: Toolbox, code: str, final_answer: str) -> list[dict[str, Any]]:
-    """The completion of one trace: the call, the tool's real answer (run now, in a fresh rollout), the answer."""
+def python_trace(toolbox: Toolbox, code: str, final_answer: str) -> list[dict[str, Any]] | None:
+    """The completion of one trace: the call, the tool's real answer (run now, in a fresh rollout), the answer;
+    None when the call failed (an error, a timeout, a sandbox down): a trace that reads an error and still gives
+    the right answer would teach the model to ignore what its tool says."""
     environment = toolbox.factory()
     environment.reset()
     try:
         answer = environment.python(code)
-    except Exception as error:  # noqa: BLE001 - a trace shows what the model would read
-        answer = error_answer(error)
+    except Exception:  # noqa: BLE001 - the sandbox or a limit: no trace
+        return None
+    if environment.tool_calls[-1].failed:
+        return None
     return [
         tool_call_message(PYTHON_TOOL, {"code": code}),
         {"role": "tool", "name": PYTHON_TOOL, "content": answer},
@@ -72,8 +78,8 @@ def python_trace(toolbox: Toolbox, code: str, final_answer: str) -> list[dict[st
 def arithmetic_traces(
     toolbox: Toolbox, prompts: Sequence[Any], final_answers: Sequence[str], workers: int = 4
 ) -> list[list[dict[str, Any]] | None]:
-    """A python trace for each built-in arithmetic prompt (None where the prompt is not one, or no python tool is
-    configured); the calls run a few at a time in the sandbox."""
+    """A python trace for each built-in arithmetic prompt (None where the prompt is not one, its call failed, or
+    no python tool is configured); the calls run a few at a time in the sandbox."""
     if PYTHON_TOOL not in toolbox.names:
         return [None] * len(prompts)
     codes = [arithmetic_code(last_user_text(prompt)) for prompt in prompts]
@@ -89,8 +95,8 @@ def arithmetic_traces(
 def tool_sft_examples(rows: Sequence[dict[str, Any]], toolbox: Any, config: Any) -> list[dict[str, Any]]:
     """Conversational pairs for a pipeline with tools (TRL renders them with the tools' schemas, ``tools``): the
     completion is the row's own trace (a ``completion`` that is a list of messages), else a trace the program
-    writes (built-in arithmetic: a python call and the tool's real answer, ``tasks.environments.traces``), else the
-    answer as one assistant turn."""
+    writes (built-in arithmetic: a python call and the tool's real answer, ``tasks.environments.traces``; none where
+    that call failed, logged), else the answer as one assistant turn."""
     finals = [
         row["completion"]
         if isinstance(row.get("completion"), str)
@@ -106,6 +112,14 @@ def tool_sft_examples(rows: Sequence[dict[str, Any]], toolbox: Any, config: Any)
             strict=True,
         )
     )
+    failed = [i for i in missing if written[i] is None and arithmetic_code(last_user_text(prompts[i]))]
+    if failed and PYTHON_TOOL in toolbox.names:
+        logger.warning(
+            "%d tool trace(s) left out of SFT, their python call failed (row %s first): those rows teach the answer "
+            "alone",
+            len(failed),
+            rows[failed[0]].get("id", failed[0]),
+        )
     schemas = json.dumps(toolbox.schemas)
     examples = []
     for i, row in enumerate(rows):

@@ -41,6 +41,8 @@ def build_tiny_tool_caller(destination: Path, base: Path, seed: int = 0) -> None
     )
     encoded = []
     for row, trace in zip(rows, traces, strict=True):
+        if trace is None:  # its call failed: no trace to learn from
+            continue
         out = tokenizer.apply_chat_template(
             row["prompt"] + trace, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
         )

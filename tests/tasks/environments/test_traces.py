@@ -37,3 +37,17 @@ def test_each_row_gets_its_own_trace_a_program_written_one_or_its_answer() -> No
     assert written[2] == {"role": "assistant", "content": "\\boxed{56088}"}
     assert examples[2]["completion"] == [{"role": "assistant", "content": "\\boxed{7}"}]
     assert examples[1]["prompt"][-1] == {"role": "user", "content": rows[1]["prompt"]}
+
+
+def test_a_trace_whose_call_failed_is_left_out_and_the_row_teaches_its_answer(caplog) -> None:
+    """A program-written trace reads what the tool answered: an error there, followed by the right answer, would
+    teach the model that the tool's errors do not matter."""
+    config = load_config(REPO / "configs" / "tiny-tools.yaml")
+    rows = [
+        {"id": "broken", "prompt": "What is 12 * * 3?", "ground_truth": "36"},  # print(12 * * 3): a SyntaxError
+        {"id": "fine", "prompt": "What is 12 * 3?", "ground_truth": "36"},
+    ]
+    examples = tool_sft_examples(rows, Toolbox(config.tools), config)
+    assert examples[0]["completion"] == [{"role": "assistant", "content": "\\boxed{36}"}]
+    assert examples[1]["completion"][1] == {"role": "tool", "name": "python", "content": "36"}
+    assert "1 tool trace(s) left out of SFT" in caplog.text and "row broken" in caplog.text
