@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any
 
 Completion = str | list[dict[str, Any]]
@@ -100,3 +101,52 @@ def question_of(prompt: Any) -> str:
         if start in text:
             return text.rsplit(start, 1)[1].split(end, 1)[0].strip()
     return text.strip()
+
+
+_CHAT_TURNS = (  # a whole turn, its role captured, in the chat templates grpoflow meets
+    re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.S),  # ChatML (SmolLM2, Qwen)
+    re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)<\|eot_id\|>", re.S),  # Llama 3
+)
+
+
+def conversation_of(prompt: Any) -> list[dict[str, str]]:
+    """The turns of a prompt as messages: a message list as it is (its JSON text as the ledger keeps it too), the
+    complete turns of a rendered chat, else the prompt as one user turn.
+
+    >>> conversation_of("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nWhat is 2+3?<|im_end|>\\n"
+    ...                 "<|im_start|>assistant\\n")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'What is 2+3?'}]
+    >>> conversation_of("Name a prime.")
+    [{'role': 'user', 'content': 'Name a prime.'}]
+    """
+    if isinstance(prompt, str) and prompt.startswith("[{"):
+        with contextlib.suppress(ValueError):
+            prompt = json.loads(prompt)
+    if isinstance(prompt, list):
+        return [
+            {"role": str(m.get("role", "user")), "content": str(m.get("content") or "").strip()}
+            for m in prompt
+            if isinstance(m, dict)
+        ]
+    text = str(prompt)
+    for pattern in _CHAT_TURNS:
+        turns = pattern.findall(text)
+        if turns:
+            return [{"role": role, "content": content.strip()} for role, content in turns]
+    return [{"role": "user", "content": question_of(text)}]
+
+
+def prompt_text(prompt: Any) -> str:
+    """The whole prompt a judge reads and keys its verdicts by: a single user turn is its own text; a conversation
+    (a system prompt, earlier turns) is every turn, each after its role, so two prompts that differ anywhere never
+    share a verdict.
+
+    >>> prompt_text([{"role": "user", "content": "Name a prime."}])
+    'Name a prime.'
+    >>> prompt_text([{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Name a prime."}])
+    'System: Answer in French.\\n\\nUser: Name a prime.'
+    """
+    turns = conversation_of(prompt)
+    if len(turns) == 1 and turns[0]["role"] == "user":
+        return turns[0]["content"]
+    return "\n\n".join(f"{turn['role'].capitalize()}: {turn['content']}" for turn in turns)

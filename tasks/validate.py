@@ -15,6 +15,7 @@ from typing import Any
 
 from tasks import restore_defaults
 from tasks.config import DataSettings, PipelineConfig
+from tasks.config.grpo_steering import holdout_problems
 from tasks.errors import GateStop, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
 from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
@@ -327,7 +328,8 @@ def enforce_judges(result: ValidateResult, stage_dir: Path) -> None:
 
 
 def enforce_limits(result: ValidateResult, config: PipelineConfig) -> None:
-    """Fail when too many rows were quarantined, or the split left a side empty."""
+    """Fail when too many rows were quarantined, or the split left a side empty; a user error when a setting
+    does not fit the split (known here, before any model is loaded or trained)."""
     share = result.rows_quarantined / result.rows_in if result.rows_in else 1.0
     if not result.rows_kept or share > config.data.max_quarantine_share:
         raise QuarantineLimitExceeded(
@@ -340,6 +342,9 @@ def enforce_limits(result: ValidateResult, config: PipelineConfig) -> None:
             f"split left {result.rows_train} train and {result.rows_holdout} hold-out rows; need both non-empty "
             f"(data.holdout_fraction={config.data.holdout_fraction})"
         )
+    problems = holdout_problems(config.grpo, result.rows_holdout) if config.grpo.enabled else []
+    if problems:
+        raise UserError(f"validate: {problems[0]}")
 
 
 @prefect_task("validate", cache="stage")

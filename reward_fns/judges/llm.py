@@ -25,7 +25,7 @@ from typing import Any
 
 from reward_fns.judges.cache import VerdictCache, verdict_key
 from reward_fns.judges.settings import PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE, LLMJudgeSettings
-from reward_fns.text import completion_text, question_of
+from reward_fns.text import completion_text, prompt_text
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class LLMJudge:
         import httpx
 
         n = len(completions)
-        prompt_texts = [question_of(p) for p in (prompts or [""] * n)]
+        prompt_texts = [prompt_text(p) for p in (prompts or [""] * n)]  # what it reads and keys by: the same text
         texts = [completion_text(c) for c in completions]
         references = self._references(columns, n)
         keys = [verdict_key(self.identity, p, t, r) for p, t, r in zip(prompt_texts, texts, references, strict=True)]

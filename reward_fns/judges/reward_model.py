@@ -17,7 +17,7 @@ from typing import Any
 from reward_fns.judges.cache import VerdictCache, verdict_key
 from reward_fns.judges.llm import JudgeStats
 from reward_fns.judges.settings import RewardModelSettings
-from reward_fns.text import completion_text, question_of
+from reward_fns.text import completion_text, conversation_of, prompt_text
 
 
 def model_digest(source: str) -> str:
@@ -93,14 +93,15 @@ class RewardModel:
             return self._loaded
 
     def text(self, prompt: Any, completion: Any) -> str:
-        """What the model reads: the conversation through its chat template when the tokenizer has one, else the
-        prompt and completion one after the other."""
+        """What the model reads: the whole conversation (``conversation_of``: its system prompt and earlier turns
+        too, as the verdict's key has them) through its chat template when the tokenizer has one, else the prompt's
+        text and the completion one after the other."""
         _, tokenizer = self._model()
         answer = completion_text(completion)
         if getattr(tokenizer, "chat_template", None):
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": question_of(prompt)}]
+            messages = conversation_of(prompt)
             return tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": answer}], tokenize=False)
-        return f"{question_of(prompt)}\n{answer}"
+        return f"{prompt_text(prompt)}\n{answer}"
 
     def score(self, texts: list[str]) -> list[float]:
         """The model's scores of ``texts``, ``batch_size`` at a time."""
@@ -129,7 +130,7 @@ class RewardModel:
         n = len(completions)
         prompts = list(prompts or [""] * n)
         keys = [
-            verdict_key(self.identity, question_of(p), completion_text(c))
+            verdict_key(self.identity, prompt_text(p), completion_text(c))
             for p, c in zip(prompts, completions, strict=True)
         ]
         verdicts: dict[str, float | None] = dict(self.cache.get_many(keys)) if self.cache else {}

@@ -26,7 +26,7 @@ class GRPOSteeringSettings(Strict):
     eval_prompts: int = Field(
         32,
         ge=1,
-        description="The slice: the last N hold-out rows. With select best, the final evaluation leaves them out.",
+        description="The slice: the last N hold-out rows. With eval_steps set, the final evaluation leaves them out.",
     )
     eval_samples: int = Field(2, ge=1, description="Sampled completions per prompt (beside one greedy) per evaluation.")
     eval_metric: EvalMetric = Field(
@@ -60,3 +60,22 @@ def steering_problems(settings: GRPOSteeringSettings) -> list[str]:
     if settings.eval_patience and not settings.eval_steps:
         problems.append("eval_patience counts in-training evaluations: set eval_steps")
     return problems
+
+
+def holdout_problems(settings: GRPOSteeringSettings, holdout_rows: int) -> list[str]:
+    """Why these settings cannot work on a hold-out split of ``holdout_rows`` rows (known once validate has split
+    the data, before any model is loaded); empty when they can. The in-training slice is left out of the final
+    evaluation, so the split must hold more rows than the slice.
+
+    >>> holdout_problems(GRPOSteeringSettings(eval_steps=5, eval_prompts=32), 20)[0][:60]
+    'grpo.eval_prompts (32) takes every row of the hold-out split'
+    >>> holdout_problems(GRPOSteeringSettings(eval_prompts=32), 20)  # no in-training evaluation: no slice
+    []
+    """
+    if settings.eval_steps and holdout_rows <= settings.eval_prompts:
+        return [
+            f"grpo.eval_prompts ({settings.eval_prompts}) takes every row of the hold-out split ({holdout_rows}) "
+            "for the in-training evaluation (grpo.eval_steps), leaving none for the final one: lower "
+            "grpo.eval_prompts or raise data.holdout_fraction"
+        ]
+    return []

@@ -46,23 +46,25 @@ def holdout_slice(rows: Sequence[dict[str, Any]], prompts: int) -> list[dict[str
 
 
 def final_holdout_rows(rows: Sequence[dict[str, Any]], config: Any) -> list[dict[str, Any]]:
-    """The rows the final evaluation reports: the first ``evaluation.num_prompts``; with ``grpo.select: best`` none
-    of the in-training slice (choosing on the prompts the promotion gate then reads would bias it).
+    """The rows the final evaluation reports: the first ``evaluation.num_prompts``; whenever GRPO evaluates while it
+    trains (``grpo.eval_steps``), none of the in-training slice: it chose the checkpoint (``select: best``) or when
+    to stop (``eval_patience``), and the promotion gate reading the same prompts would be biased by that choice.
 
     >>> from types import SimpleNamespace as N
-    >>> config = N(grpo=N(select="best", eval_steps=5, eval_prompts=2), evaluation=N(num_prompts=10))
+    >>> config = N(grpo=N(select="last", eval_steps=5, eval_prompts=2), evaluation=N(num_prompts=10))
     >>> [r["id"] for r in final_holdout_rows([{"id": i} for i in range(5)], config)]
     [0, 1, 2]
     """
     settings = config.grpo
-    if settings.select == "best" and settings.eval_steps:
+    if settings.eval_steps:
         rows = rows[: max(0, len(rows) - settings.eval_prompts)]
     return list(rows[: config.evaluation.num_prompts])
 
 
 def slice_for(train_path: Path, config: Any) -> list[dict[str, Any]]:
     """The in-training slice of the hold-out file beside ``train_path``; one clear error when it is missing or
-    leaves no prompt to the final evaluation under ``select: best``."""
+    leaves no prompt to the final evaluation (validate refuses that first: ``holdout_problems``)."""
+    from tasks.config.grpo_steering import holdout_problems
     from tasks.errors import UserError
     from tasks.inputs import read_jsonl
 
@@ -70,13 +72,10 @@ def slice_for(train_path: Path, config: Any) -> list[dict[str, Any]]:
     if not path.is_file():
         raise UserError(f"grpo.eval_steps: no hold-out file beside {train_path} ({HOLDOUT_FILE}, written by validate)")
     rows = read_jsonl(path)
-    settings = config.grpo
-    if settings.select == "best" and len(rows) <= settings.eval_prompts:
-        raise UserError(
-            f"grpo.select best: the hold-out split has {len(rows)} rows, not more than grpo.eval_prompts "
-            f"({settings.eval_prompts}): none would be left for the final evaluation; lower grpo.eval_prompts"
-        )
-    return holdout_slice(rows, settings.eval_prompts)
+    problems = holdout_problems(config.grpo, len(rows))
+    if problems:
+        raise UserError(problems[0])
+    return holdout_slice(rows, config.grpo.eval_prompts)
 
 
 def holdout_trainer_args(config: Any) -> dict[str, Any]:

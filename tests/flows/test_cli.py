@@ -233,6 +233,15 @@ def test_check_writes_nothing(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_check_refuses_an_in_training_slice_the_hold_out_cannot_spare(tmp_path: Path) -> None:
+    """What the split decides is known in validate: check (and run, before any model) name the keys."""
+    sets = ["grpo.eval_steps=1", "grpo.eval_prompts=500", f"output_dir={tmp_path / 'out'}"]
+    result = grpoflow("check", "configs/tiny.yaml", *[arg for value in sets for arg in ("--set", value)])
+    assert result.exit_code == 2, result.output
+    assert "grpo.eval_prompts (500) takes every row of the hold-out split" in result.output
+    assert "data.holdout_fraction" in result.output
+
+
 def test_quiet_shows_only_the_result_and_verbose_shows_every_log_line(tmp_path: Path) -> None:
     def validate(*flags: str) -> str:
         command = [

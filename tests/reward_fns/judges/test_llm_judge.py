@@ -32,6 +32,16 @@ def test_pointwise_verdicts_read_the_reference_and_fix_the_answer_form(judge_ser
     assert judge.stats.requests == 3 and judge.stats.asked == 3 and judge.stats.none == 0
 
 
+def test_the_judge_reads_the_whole_conversation_and_keys_its_verdict_by_it(judge_server) -> None:
+    """A system prompt (or earlier turns) the policy read are the judge's to read too, and part of the verdict's
+    key: the same last question under two system prompts is two items."""
+    question = {"role": "user", "content": "What is 6*7?"}
+    prompts = [[question], [{"role": "system", "content": "Answer in Roman numerals."}, question]]
+    asyncio.run(_judge(judge_server)(completions=["XLII", "XLII"], prompts=prompts, ground_truth=["42", "42"]))
+    texts = [request["messages"][0]["content"] for request in judge_server.requests]
+    assert len(texts) == 2 and sum("System: Answer in Roman numerals.\n\nUser: What is 6*7?" in t for t in texts) == 1
+
+
 def test_the_same_item_carries_the_same_seed_and_is_asked_once_per_batch(judge_server) -> None:
     judge = _judge(judge_server)
     asyncio.run(judge(completions=["It is 42.", "It is 42."], prompts=[PROMPTS[0]] * 2, ground_truth=["42"] * 2))

@@ -45,3 +45,14 @@ def test_built_from_the_config_as_a_reward_like_the_others(tiny_reward_model_dir
     (reward,), weights = build_reward_functions(specs)
     assert weights == [0.5] and not reward.is_async
     assert len(reward(completions=COMPLETIONS, prompts=PROMPTS)) == 3 and reward.stats.none == 0
+
+
+def test_two_conversations_with_the_same_last_question_get_their_own_verdicts(tiny_reward_model_dir, tmp_path) -> None:
+    """The model reads the whole conversation (the system prompt too), so its verdict is keyed by all of it: a
+    cached verdict never answers for another conversation that ends with the same question."""
+    question = {"role": "user", "content": "What is 2+2?"}
+    french = [{"role": "system", "content": "Answer in French, at length, with a poem."}, question]
+    judge = RewardModel(RewardModelSettings(model=str(tiny_reward_model_dir)), VerdictCache(tmp_path / "v.sqlite3"))
+    plain, styled = judge(completions=["4", "4"], prompts=[[question], french])
+    assert judge.stats.asked == 2 and plain != styled  # two items, two different readings
+    assert "Answer in French" in judge.text(french, "4")
