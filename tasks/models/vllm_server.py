@@ -24,6 +24,9 @@ from tasks.models.vllm_engine import EngineCall, EngineSampler
 logger = logging.getLogger(__name__)
 
 SERVED_BASE_NAME = "base"
+# A second name grpoflow's own server answers to: /v1/models lists it, so a client knows the server's log-prob mode
+# (vLLM shows its config only in dev mode, /server_info).
+PROCESSED_LOGPROBS_MARK = "grpoflow-processed-logprobs"
 
 
 class VllmServerUnavailable(InfrastructureError):
@@ -96,6 +99,7 @@ def server_command(
         str(model_dir),
         "--served-model-name",
         served_name,
+        PROCESSED_LOGPROBS_MARK,
         "--host",
         host,
         "--port",
@@ -247,10 +251,34 @@ class VllmServerClient:
         self._loaded = []
         self.model = SERVED_BASE_NAME
 
+    def logprobs_mode(self) -> str | None:
+        """The server's log-prob mode where it tells: grpoflow's own server (``PROCESSED_LOGPROBS_MARK`` among
+        its model names), or vLLM's ``/server_info`` (dev mode); None where it does not."""
+        cards = self._request("GET", "/v1/models").json().get("data", [])
+        if any(card.get("id") == PROCESSED_LOGPROBS_MARK for card in cards):
+            return "processed_logprobs"
+        try:
+            info = self._request("GET", "/server_info", params={"config_format": "json"}).json()
+        except (VllmServerUnavailable, ValueError):
+            return None
+        config = info.get("vllm_config") if isinstance(info, dict) else None
+        mode = (config.get("model_config") or {}).get("logprobs_mode") if isinstance(config, dict) else None
+        return str(mode) if mode else None
+
     def get_server_info(self) -> dict[str, Any]:
-        """What TRL asks before importance sampling. vLLM's server exposes its log-prob mode only in dev mode;
-        ``grpoflow vllm-serve`` always starts it with ``processed_logprobs``."""
-        return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+        """What TRL asks before importance sampling: the server's log-prob mode where it tells (TRL warns when it
+        is not ``processed_logprobs``); where it does not, one warning here that it is unknown (and TRL's, about a
+        mode nobody knows, kept quiet)."""
+        mode = self.logprobs_mode()
+        if mode is None:
+            logger.warning(
+                "vLLM server %s does not say its log-prob mode (not started by `grpoflow vllm-serve`): TRL's "
+                "importance-sampling correction assumes --logprobs-mode processed_logprobs; start it so, or set "
+                "grpo.vllm_importance_sampling_correction: false",
+                self.base_url,
+            )
+            mode = "processed_logprobs"
+        return {"model_config": {"logprobs_mode": mode}}
 
     def reset_prefix_cache(self) -> None:
         """Nothing to do: the prefix cache is keyed by adapter, and each sync loads a new one."""

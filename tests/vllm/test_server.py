@@ -171,6 +171,8 @@ def test_the_server_refuses_a_client_without_its_key(vllm_server: Any) -> None:
     with pytest.raises(VllmServerAuthError, match="refused the API key grpoflow sent"):
         VllmServerClient(vllm_server.url, api_key="not-the-key").check()
     VllmServerClient(vllm_server.url).check()  # the key from VLLM_API_KEY
+    # grpoflow's own server says its log-prob mode (a model name of its own), as TRL's correction needs to know
+    assert VllmServerClient(vllm_server.url).logprobs_mode() == "processed_logprobs"
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap gives the client a folder the server cannot see")
