@@ -187,8 +187,8 @@ def prepare_tokenizer(tokenizer: Any, mode: str = "auto", model_name: str = "the
         if mode == "model":
             raise ChatTemplateError(
                 f"tools.chat_template is 'model' but {model_name}'s chat template cannot take tool calls that TRL "
-                "parses (TRL does not know it and the tokenizer ships no response_template); set "
-                "tools.chat_template to auto or grpoflow"
+                "parses (TRL does not know it and the tokenizer ships no response_template), or marks no "
+                "{% generation %} turns for SFT's assistant-only loss; set tools.chat_template to auto or grpoflow"
             )
     turns = turn_format_of(tokenizer)
     if turns is None:
@@ -228,11 +228,22 @@ def _own_template(tokenizer: Any) -> str | None:
         training = get_training_chat_template(tokenizer)
     except ValueError:
         training = None
-        if not is_chat_template_prefix_preserving(tokenizer):
+        # SFT's assistant-only loss needs the markers: without them SFT would fail at its start, after the probes
+        if not is_chat_template_prefix_preserving(tokenizer) or not has_generation_markers(tokenizer.chat_template):
             return None
     if training is not None:
         tokenizer.chat_template = training
     return family
+
+
+def has_generation_markers(template: str) -> bool:
+    """Whether a chat template marks what the assistant wrote (``{% generation %}``), as SFT's assistant-only loss
+    needs.
+
+    >>> has_generation_markers("{%- generation -%}{{ m }}{%- endgeneration -%}"), has_generation_markers("{{ m }}")
+    (True, False)
+    """
+    return re.search(r"\{%-?\s*generation\s*-?%\}", template) is not None
 
 
 def _described(tokenizer: Any, source: str, family: str) -> ToolTemplate:

@@ -5,6 +5,7 @@ tool_mask masks out of the loss)."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -83,3 +84,19 @@ def test_a_template_that_cannot_take_tools_is_one_error_saying_what_to_do() -> N
         prepare_tokenizer(plain, "auto", "my-model")
     with pytest.raises(ChatTemplateError, match="tools.chat_template is 'model'"):
         prepare_tokenizer(plain, "model", "my-model")
+
+
+def test_a_model_template_without_generation_markers_is_replaced_or_refused_before_sft() -> None:
+    """SFT's assistant-only loss needs ``{% generation %}`` markers: a model template that takes tool calls but has
+    none is replaced by grpoflow's where its turns are known (auto), and refused by name with ``model``."""
+    from tasks.environments.chat_template import TINY, grpoflow_template, response_template
+
+    unmarked = load_tokenizer(resolve_model_source(TINY_RANDOM_TOOLS))
+    template = grpoflow_template(TINY)
+    unmarked.chat_template = re.sub(r"\{%-? ?(end)?generation -?%\}", "", template)
+    assert "generation %}" not in unmarked.chat_template and "generation %}" in template
+    unmarked.response_template = response_template(TINY)
+    with pytest.raises(ChatTemplateError, match="marks no {% generation %} turns"):
+        prepare_tokenizer(unmarked, "model", "my-model")
+    chosen = prepare_tokenizer(unmarked, "auto", "my-model")
+    assert chosen.source == "grpoflow" and "generation %}" in unmarked.chat_template
