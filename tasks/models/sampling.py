@@ -212,7 +212,7 @@ def engine_sampler(
 
             client = VllmServerClient(generation.vllm_server_base_url, timeout_s=generation.vllm_server_timeout_s)
             client.check()
-            return ServerSampler(client, tokenizer, adapter_dir)
+            return ServerSampler(client, tokenizer, adapter_dir, generation.vllm_adapter_dir)
         from tasks.models.vllm_engine import VllmSampler, shared_engine
 
         return VllmSampler(shared_engine(pipeline_engine_spec(config, base_model_dir)), tokenizer, adapter_dir)

@@ -10,6 +10,7 @@ Must not import: Prefect, MLflow, the stages. Uses ``requests`` only (no vLLM in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -349,15 +350,33 @@ def request_chunks(prompts: int, n: int, sequences: int = SEQUENCES_PER_REQUEST)
 
 
 class ServerSampler(EngineSampler):
-    """Probe's and evaluation's sampler on a vLLM server: the adapter is loaded under a name of its own, then the
-    prompts go in concurrent requests (``request_chunks``). No per-request seed (vLLM's CPU sampler refuses one):
-    samples depend on the server's state, so evaluation numbers from a shared server are not bit-reproducible."""
+    """Probe's, evaluation's and the in-training hold-out's sampler on a vLLM server: the adapter is copied into the
+    hand-over folder (``handover``: the one the pre-flight checks the server reads, ``handover_root``), loaded under
+    a name of its own, the prompts go in concurrent requests (``request_chunks``), then the adapter is unloaded and
+    its copy removed, so nothing piles up in the server's model list. No per-request seed (vLLM's CPU sampler
+    refuses one): samples depend on the server's state, so evaluation numbers from a shared server are not
+    bit-reproducible."""
 
     backend = "vllm-server"
 
-    def __init__(self, client: VllmServerClient, tokenizer: Any, adapter_dir: Path | None) -> None:
+    def __init__(
+        self, client: VllmServerClient, tokenizer: Any, adapter_dir: Path | None, handover: Path | None = None
+    ) -> None:
         super().__init__(tokenizer, adapter_dir)
         self.client = client
+        self.handover = handover_root(handover)
+
+    def _handed_over(self) -> Path:
+        """A copy of the adapter's files in a new folder under the hand-over folder."""
+        import shutil
+        import uuid
+
+        folder = self.handover / f"grpoflow-eval-{uuid.uuid4().hex[:12]}"
+        folder.mkdir(parents=True)
+        for path in Path(self.adapter_dir).iterdir():
+            if path.is_file():
+                shutil.copy2(path, folder / path.name)
+        return folder
 
     def cache_identity(self, base_model_dir: Path) -> tuple[dict[str, Any] | None, str]:
         """The server's model as a cache key's part, when it is known to be ``base_model_dir`` (the server loaded
@@ -373,12 +392,25 @@ class ServerSampler(EngineSampler):
         return served, ""
 
     def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
-        from concurrent.futures import ThreadPoolExecutor, as_completed
+        import shutil
 
-        model = SERVED_BASE_NAME
-        if self.adapter_dir is not None:
-            model = f"eval-{time.monotonic_ns()}"
-            self.client.load_adapter(model, self.adapter_dir)
+        if self.adapter_dir is None:
+            return self._requests(call, SERVED_BASE_NAME)
+        folder = self._handed_over()
+        try:
+            self.client.load_adapter(folder.name, folder)
+            answers = self._requests(call, folder.name)
+        except BaseException:
+            with contextlib.suppress(VllmServerUnavailable):  # the first error is the one to report
+                self.client.unload_adapters()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.client.unload_adapters()
+        shutil.rmtree(folder, ignore_errors=True)
+        return answers
+
+    def _requests(self, call: EngineCall, model: str) -> list[list[tuple[str, list[int]]]]:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
 
         n = call.n
 
