@@ -106,28 +106,32 @@ class HoldoutEvaluation:
         self.keeps_best = config.grpo.select == "best"
         self.seconds = 0.0
 
-    def score(self, trainer: Any, step: int) -> dict[str, float]:
-        """Sample the slice with the trainer's policy as it is now, score it, ledger it; the metrics (unprefixed)."""
+    def score(self, trainer: Any, step: int, state_dict: dict[str, Any] | None = None) -> dict[str, float]:
+        """Sample the slice with the trainer's policy as it is now (``state_dict``: its weights as the trainer's
+        gathering path gave them), score it, ledger it; the metrics (unprefixed)."""
         import torch
 
         started = time.perf_counter()
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):  # the training random stream is left as it was
-            greedy, sampled, backend = self._sample(trainer, step)
+            greedy, sampled, backend = self._sample(trainer, step, state_dict)
         metrics = self._metrics(greedy, sampled, backend, step)
         seconds = time.perf_counter() - started
         self.seconds += seconds
         metrics["seconds"] = seconds
         return metrics
 
-    def _sample(self, trainer: Any, step: int) -> tuple[list[list[Any]], list[list[Any]], str]:
+    def _sample(
+        self, trainer: Any, step: int, state_dict: dict[str, Any] | None = None
+    ) -> tuple[list[list[Any]], list[list[Any]], str]:
         """The adapter as it is now, saved and sampled the way evaluation samples a GRPO adapter (loaded by
         ``policy_sampler`` for the pipeline's engine), so the score is the one evaluation would give it."""
         from tasks.models import policy_sampler
 
         config = self.config
         adapter_dir = Path(trainer.args.output_dir).parent / "holdout-adapters" / f"step-{step:06d}"
-        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(str(adapter_dir))
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        policy.save_pretrained(str(adapter_dir), state_dict=state_dict)  # PEFT keeps the adapter's part
         try:
             sampler = policy_sampler(config, self.base_model_dir, adapter_dir, config.evaluation.batch_size)
             prompts = [sampler.prompt_of(row, config.data.system_prompt) for row in self.rows]
@@ -178,7 +182,10 @@ class HoldoutEvaluationMixin:
         from accelerate.utils import broadcast_object_list
 
         step = self.state.global_step
-        numbers = [self.holdout.score(self, step) if self.accelerator.is_main_process else None]
+        # Every rank takes part in gathering the weights, as transformers' save_model does: under DeepSpeed ZeRO-3 a
+        # rank holds a shard, and the first process saving alone would write empty tensors.
+        state = self.accelerator.get_state_dict(self.model) if self.accelerator.num_processes > 1 else None
+        numbers = [self.holdout.score(self, step, state) if self.accelerator.is_main_process else None]
         if self.accelerator.num_processes > 1:
             broadcast_object_list(numbers, from_process=0)
         metrics = {f"{metric_key_prefix}_holdout_{key}": value for key, value in numbers[0].items()}
