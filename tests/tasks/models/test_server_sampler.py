@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from tasks.models import load_tokenizer
 from tasks.models.vllm_server import ServerSampler, VllmServerClient
+from tests.conftest import loopback_http
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -51,10 +51,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with loopback_http(Recorder) as url:
+        yield url
 
 
 def test_an_adapter_reaches_the_server_through_the_hand_over_folder_and_leaves_no_trace(

@@ -6,13 +6,13 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tasks.models.vllm_server import PROCESSED_LOGPROBS_MARK, SERVED_BASE_NAME, VllmServerClient, server_command
+from tests.conftest import loopback_http
 
 
 class Answers:
@@ -42,10 +42,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with loopback_http(Handler) as url:
+        yield url
 
 
 def test_the_log_prob_mode_is_asked_where_the_server_says_it_and_unknown_is_one_warning(
