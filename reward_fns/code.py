@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits, SandboxResult
+from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits, SandboxResult, detect_isolation
 from reward_fns.text import Completion, completion_text
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -35,17 +35,18 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
-_sandboxes: dict[tuple[SandboxLimits, int | None, int], Sandbox] = {}
+_sandboxes: dict[tuple[SandboxLimits, int | None, int, str], Sandbox] = {}
 _sandboxes_lock = threading.Lock()
 
 
 def shared_sandbox(limits: SandboxLimits, workers: int | None = None) -> Sandbox:
     """One sandbox per setting and process, reused across calls (isolation is detected once). A forked process
     (evaluation's second worker) starts its own: the workers it inherited answer the parent's pipes."""
-    key = (limits, workers, os.getpid())
+    isolation = detect_isolation()
+    key = (limits, workers, os.getpid(), isolation)
     with _sandboxes_lock:
         if key not in _sandboxes:
-            _sandboxes[key] = Sandbox(limits, workers=workers)
+            _sandboxes[key] = Sandbox(limits, workers=workers, isolation=isolation)
         return _sandboxes[key]
 
 

@@ -1,14 +1,14 @@
 """A local sandbox for model-written Python: namespaces, an unprivileged user, limits, and a pass the child cannot fake.
 
 Each run starts ``sandbox_harness.py`` under bubblewrap (or ``unshare`` when bubblewrap is missing) with new
-network, PID, IPC and UTS namespaces and, under bubblewrap, a mount view holding only the system's ``/usr``, the
-Python interpreter and a size-capped tmpfs working directory. Inside, the harness sets resource limits, switches to
-a user id of its own (root ignores ``RLIMIT_NPROC``) and runs the program and its tests. Around it the parent puts
-the run in a cgroup with a pids limit where the machine has one, kills everything at the wall-clock deadline, keeps
-at most ``output_bytes`` of stdout/stderr, and accepts a pass only from the harness's final record carrying the
-run's random nonce.
+network, PID, IPC and UTS namespaces and a private root holding only the system's ``/usr``, the Python interpreter
+and a size-capped tmpfs working directory (under ``unshare``, ``sandbox_root.py`` builds it and pivots into it).
+Inside, the harness sets resource limits, switches to a user id of its own (root ignores ``RLIMIT_NPROC``) and
+runs the program and its tests. Around it the parent puts the run in a cgroup with a pids limit where the machine
+has one, kills everything at the wall-clock deadline, keeps at most ``output_bytes`` of stdout/stderr, and accepts
+a pass only from the harness's final record carrying the run's random nonce.
 
-Must not import: anything outside the standard library and its two sibling modules.
+Must not import: anything outside the standard library and its sibling ``sandbox_*`` modules.
 
 >>> sandbox = Sandbox()
 >>> sandbox.run(SandboxJob(program="def add(a, b):\\n    return a + b", tests="assert add(2, 2) == 4")).status
@@ -34,12 +34,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from reward_fns.sandbox_harness import complete_frame, encode_frame
 from reward_fns.sandbox_isolation import (
     Isolation,
     PidsCgroup,
+    SandboxUnavailable,
     bwrap_command,
     cgroup_available,
     claim_uid,
@@ -127,8 +130,8 @@ class _Worker:
         if sandbox.isolation == "bwrap":
             command, cwd = bwrap_command(sandbox.limits.workdir_mb << 20, reply_write), None
         else:
-            self.workdir = tempfile.mkdtemp(prefix="grpoflow-sandbox-")
-            command, cwd = unshare_command(reply_write), self.workdir
+            self.workdir = tempfile.mkdtemp(prefix="grpoflow-sandbox-")  # the private root's (empty) mount point
+            command, cwd = unshare_command(self.workdir, sandbox.limits.workdir_mb << 20, reply_write), "/"
         if self.cgroup is not None:  # join the cgroup before bwrap starts, so every descendant is counted
             command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', self.cgroup.procs_file, *command]
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker; closed in close()
@@ -213,10 +216,15 @@ class Sandbox:
         logger.info("sandbox: %s, %d workers", self.describe(), self.workers)
 
     def describe(self) -> str:
-        """One line for logs and run tags, e.g. ``bwrap + cgroup pids + uid drop``."""
-        parts = [self.isolation]
+        """One line for logs and run tags, e.g. ``bwrap private root + cgroup pids + uid drop``."""
+        parts = [f"{self.isolation} private root"]
         parts.append("cgroup pids" if self.use_cgroup else "no cgroup (RLIMIT_NPROC only)")
-        parts.append("uid drop" if os.geteuid() == 0 else f"uid {os.geteuid()} (no uid drop)")
+        if os.geteuid() == 0:
+            parts.append("uid drop")
+        else:  # bubblewrap keeps the caller's id in its user namespace; unshare maps it to that namespace's root
+            parts.append(
+                f"uid {os.geteuid()} in a user namespace" if self.isolation == "bwrap" else "user namespace root"
+            )
         return " + ".join(parts)
 
     def run(self, job: SandboxJob) -> SandboxResult:
@@ -343,3 +351,36 @@ def _classify(reply: dict, nonce: str) -> SandboxResult:
     if "MemoryError" in stderr:
         return SandboxResult("memory", detail="MemoryError", **output)
     return SandboxResult("runtime_error", detail=f"exited with status {returncode} before the tests finished", **output)
+
+
+@lru_cache(maxsize=4)
+def verified_isolation(isolation: Isolation | None = None) -> str:
+    """The sandbox model-written code will run in (``Sandbox.describe()``), once it proved it sees no host file: a
+    canary file planted in a fresh host folder must be neither there nor listable from inside. Raises
+    SandboxUnavailable naming what the sandbox saw (or why it could not run the check).
+
+    >>> verified_isolation().split(" + ")[0] in ("bwrap private root", "unshare private root")
+    True
+    """
+    chosen = isolation or detect_isolation()
+    # /tmp, not TMPDIR: a private TMPDIR would hide the canary from the sandbox user whatever the mount view
+    with tempfile.TemporaryDirectory(
+        prefix="grpoflow-canary-", dir="/tmp" if os.path.isdir("/tmp") else None
+    ) as folder:
+        canary = Path(folder) / "canary.txt"
+        canary.write_text(secrets.token_hex(8))
+        os.chmod(folder, 0o755)  # readable by anyone on the host: only the mount view may hide it
+        canary.chmod(0o644)
+        program = f"import os\nseen = [p for p in ({folder!r}, {str(canary)!r}) if os.path.exists(p)]"
+        sandbox = Sandbox(SandboxLimits(wall_seconds=20.0), workers=1, isolation=chosen)
+        try:
+            result = sandbox.run(SandboxJob(program=program, tests="assert seen == [], seen"))
+        finally:
+            sandbox.close()
+    if result.status == "failed":
+        raise SandboxUnavailable(
+            f"the {chosen} sandbox sees host files (a canary at {canary}): model code would read the host"
+        )
+    if result.status != "passed":
+        raise SandboxUnavailable(f"the {chosen} sandbox failed its self-check: {result.status} {result.detail[:200]}")
+    return sandbox.describe()

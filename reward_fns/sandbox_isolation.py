@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from functools import lru_cache
@@ -23,6 +24,7 @@ from typing import IO, Literal
 logger = logging.getLogger(__name__)
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
+ROOT_BUILDER = Path(__file__).with_name("sandbox_root.py")
 Isolation = Literal["bwrap", "unshare"]
 # The supervisor switches to the job's user and cleans up after it; everything else is dropped.
 _SUPERVISOR_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
@@ -153,23 +155,54 @@ def bwrap_command(workdir_bytes: int, reply_fd: int = 3) -> list[str]:
     return [*command, python, "-I", "-S", "-B", "/opt/grpoflow/harness.py", str(reply_fd)]
 
 
-def unshare_command(reply_fd: int = 3) -> list[str]:
-    command = ["unshare", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc"]
+def unshare_command(new_root: str, workdir_bytes: int, reply_fd: int = 3) -> list[str]:
+    """``unshare`` into new namespaces, where ``sandbox_root.py`` mounts a private root on the empty host folder
+    ``new_root`` (what bubblewrap builds: read-only interpreter, private ``/dev``, ``/proc`` and ``/work``), pivots
+    into it and execs the harness there."""
+    command = ["unshare", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child"]
     if os.geteuid() != 0:
         command.insert(1, "--map-root-user")
-    return [*command, os.path.realpath(sys.executable), "-I", "-S", "-B", str(HARNESS), str(reply_fd)]
+    python, prefix = _interpreter()
+    builder = [os.path.realpath(sys.executable), "-I", "-S", "-B", str(ROOT_BUILDER), new_root, str(workdir_bytes)]
+    return [*command, *builder, prefix or "-", python, "-I", "-S", "-B", "/opt/grpoflow/harness.py", str(reply_fd)]
 
 
 @lru_cache(maxsize=1)
+def _unshare_works() -> bool:
+    """Whether ``unshare`` can build the private root here (it needs a mount namespace it may mount in)."""
+    if not shutil.which("unshare"):
+        return False
+    with tempfile.TemporaryDirectory(prefix="grpoflow-sandbox-") as new_root:
+        return _works([*unshare_command(new_root, 1 << 20)[:-6], "/usr/bin/true"])
+
+
+@lru_cache(maxsize=1)
+def _bwrap_works() -> bool:
+    return bool(shutil.which("bwrap")) and _works([*bwrap_command(1 << 20)[:-6], "/usr/bin/true"])
+
+
+ISOLATION_ENV = "GRPOFLOW_SANDBOX"  # bwrap | unshare | auto (the default): which isolation model code runs in
+_INSTALL_BWRAP = "install bubblewrap (apt-get install bubblewrap; dnf install bubblewrap)"
+
+
 def detect_isolation() -> Isolation:
-    """``bwrap`` when bubblewrap can create the namespaces here, else ``unshare``; raises SandboxUnavailable."""
-    if shutil.which("bwrap") and _works([*bwrap_command(1 << 20)[:-6], "/usr/bin/true"]):
+    """``bwrap`` when bubblewrap can create the namespaces here, else ``unshare`` when it can build the sandbox's
+    private root; ``GRPOFLOW_SANDBOX=bwrap|unshare`` asks for one. Raises SandboxUnavailable (never a sandbox that
+    sees the host's files)."""
+    wanted = os.environ.get(ISOLATION_ENV, "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "bwrap", "unshare"):
+        raise SandboxUnavailable(f"{ISOLATION_ENV}={wanted!r}: expected bwrap, unshare or auto")
+    if wanted in ("auto", "bwrap") and _bwrap_works():
         return "bwrap"
-    if shutil.which("unshare") and _works(["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/true"]):
+    if wanted == "bwrap":
+        raise SandboxUnavailable(
+            f"{ISOLATION_ENV}=bwrap but bubblewrap cannot create namespaces here: {_INSTALL_BWRAP}"
+        )
+    if _unshare_works():
         return "unshare"
     raise SandboxUnavailable(
-        "cannot isolate model-written code: bubblewrap is not installed (apt-get install bubblewrap) and unshare "
-        "cannot create network/PID namespaces here; code rewards refuse to run it unisolated"
+        f"cannot isolate model-written code: {_INSTALL_BWRAP}; unshare cannot build a private root here (no mount "
+        "namespace). Model code never runs unisolated"
     )
 
 

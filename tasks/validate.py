@@ -16,7 +16,7 @@ from typing import Any
 from tasks import restore_defaults
 from tasks.config import DataSettings, PipelineConfig
 from tasks.config.grpo_steering import holdout_problems
-from tasks.errors import GateStop, UserError
+from tasks.errors import GateStop, InfrastructureError, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
 from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
 from tasks.layout import HOLDOUT_FILE, write_atomically
@@ -60,6 +60,7 @@ class ValidateResult:
     columns: list[str] = field(default_factory=list)
     judge_canaries: list[dict[str, Any]] = field(default_factory=list)  # one report per judge (judges only)
     tools: dict[str, Any] = field(default_factory=dict)  # with tools: the template, the canaries, the sizes
+    sandbox: str = ""  # where model-written code runs (code rewards, the python tool), once checked; else empty
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -189,10 +190,7 @@ def check_reward_canaries(config: PipelineConfig, stage_dir: Path) -> dict[str, 
 def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     """Check the rewards on their canaries; load, normalize, check, quarantine and split; writes train / holdout /
     quarantine JSONL and a report."""
-    if config.data.kind == "code":  # fail before any compute when model-written code could not be isolated
-        from reward_fns.sandbox_isolation import detect_isolation
-
-        detect_isolation()
+    sandbox = checked_sandbox() if config.data.kind == "code" else ""  # before any compute
     check_reward_canaries(config, stage_dir)
     toolbox, tool_report = check_tools(config, stage_dir)
     raw_rows = load_rows(config.data, config.seed)
@@ -220,6 +218,7 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         holdout_digest=fingerprint(holdout),
         columns=sorted({key for row in kept for key in row}),
         tools=tool_report,
+        sandbox=sandbox or tool_report.get("sandbox", ""),
     )
     if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
         raise RuntimeError(
@@ -236,6 +235,19 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     return result
 
 
+def checked_sandbox() -> str:
+    """Which sandbox model-written code will run in, once it proved it sees no host file (a planted canary);
+    InfrastructureError (exit 4) when none can be built, before any compute."""
+    from reward_fns.sandbox import SandboxUnavailable, verified_isolation
+
+    try:
+        described = verified_isolation()
+    except SandboxUnavailable as exc:
+        raise InfrastructureError(str(exc)) from None
+    logger.info("sandbox: %s", described)
+    return described
+
+
 def check_tools(config: PipelineConfig, stage_dir: Path) -> tuple[Any, dict[str, Any]]:
     """With tools: build them (ToolError names a tool TRL cannot describe) and run their canaries
     (``tool_canaries.json``; ToolCanaryFailed); (None, {}) without. Code tools need an isolated sandbox first."""
@@ -244,14 +256,12 @@ def check_tools(config: PipelineConfig, stage_dir: Path) -> tuple[Any, dict[str,
     from tasks.config import PYTHON_TOOL
     from tasks.environments import Toolbox, tool_canaries
 
-    if any(spec.name == PYTHON_TOOL for spec in config.tools.use):
-        from reward_fns.sandbox_isolation import detect_isolation
-
-        detect_isolation()
+    sandbox = checked_sandbox() if any(spec.name == PYTHON_TOOL for spec in config.tools.use) else ""
     toolbox = Toolbox(config.tools)
     stage_dir.mkdir(parents=True, exist_ok=True)
     report = tool_canaries(toolbox, stage_dir / "tool_canaries.json")
-    return toolbox, {"tools": toolbox.describe(), "canaries": len(report["cases"]), "unchecked": report["unchecked"]}
+    report = {"tools": toolbox.describe(), "canaries": len(report["cases"]), "unchecked": report["unchecked"]}
+    return toolbox, report | ({"sandbox": sandbox} if sandbox else {})
 
 
 def quarantine_unknown_tools(kept: list[dict[str, Any]], quarantined: list[dict[str, Any]], names: list[str]) -> list:

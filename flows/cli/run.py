@@ -166,6 +166,8 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
         f"data: ok ({result.rows_kept}/{result.rows_in} rows kept, {result.rows_train} train, "
         f"{result.rows_holdout} hold-out; {result.rows_quarantined} quarantined{': ' + reasons if reasons else ''})"
     )
+    if result.sandbox:
+        console.print(f"sandbox for model-written code: ok ({result.sandbox}; a planted host file stayed unseen)")
     if result.tools:
         console.print(
             f"tools: ok ({', '.join(result.tools['tools']['methods'])}: {result.tools['canaries']} canaries passed; "

@@ -7,14 +7,18 @@ a 0 reward therefore shows the act was contained, not merely that the program wa
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from reward_fns import sandbox as sandbox_module
 from reward_fns.code import code_tests
-from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits
+from reward_fns.sandbox import Sandbox, SandboxJob, SandboxLimits, SandboxUnavailable, verified_isolation
 from reward_fns.sandbox_isolation import HARNESS, SANDBOX_UID_BASE, detect_isolation, held_elsewhere
 
 LIMITS = SandboxLimits(
@@ -46,8 +50,11 @@ def sandbox_processes() -> list[int]:
     return found
 
 
-def hostile_programs(port: int, home_file: Path, escape_file: Path) -> dict[str, tuple[str, str, set[str]]]:
-    """name -> (program, tests, statuses that count as contained)."""
+def hostile_programs(
+    port: int, home_file: Path, escape_file: Path, host_folder: Path
+) -> dict[str, tuple[str, str, set[str]]]:
+    """name -> (program, tests, statuses that count as contained). ``host_folder`` holds a world-readable
+    ``shared.txt`` and a ``keep.txt`` no program may delete."""
     unittest_tests = (
         "import unittest\nclass TestAnswer(unittest.TestCase):\n    def test_answer(self):\n"
         "        self.assertEqual(answer(), 42)\n"
@@ -88,6 +95,26 @@ def hostile_programs(port: int, home_file: Path, escape_file: Path) -> dict[str,
         ),
         "file from the parent's home": (
             f"print(open({str(home_file)!r}).read())\ndef answer(): return 42",
+            TESTS,
+            {"runtime_error"},
+        ),
+        "world-readable host file": (
+            f"print(open({str(host_folder / 'shared.txt')!r}).read())\ndef answer(): return 42",
+            TESTS,
+            {"runtime_error"},
+        ),
+        "host folder listed": (
+            f"import os\nprint(os.listdir({str(host_folder)!r}))\ndef answer(): return 42",
+            TESTS,
+            {"runtime_error"},
+        ),
+        "delete a host file": (
+            f"import os\nos.remove({str(host_folder / 'keep.txt')!r})\ndef answer(): return 42",
+            TESTS,
+            {"runtime_error"},
+        ),
+        "parent's /proc": (
+            f"print(open('/proc/{os.getpid()}/environ').read())\ndef answer(): return 42",
             TESTS,
             {"runtime_error"},
         ),
@@ -178,27 +205,44 @@ def test_isolation_is_available_and_named() -> None:
     assert detect_isolation() in ("bwrap", "unshare")
 
 
+@pytest.fixture(scope="module", params=["bwrap", "unshare"])
+def isolated(request: pytest.FixtureRequest) -> Sandbox:
+    """A sandbox under each isolation: bubblewrap, and the ``unshare`` path's own private root."""
+    box = Sandbox(LIMITS, workers=2, isolation=request.param)
+    yield box
+    box.close()
+
+
 def test_hostile_programs_are_contained(
-    sandbox: Sandbox, listener: tuple[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    isolated: Sandbox, listener: tuple[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, accepted = listener
     monkeypatch.setenv("GRPOFLOW_SANDBOX_SECRET", SECRET)
+    monkeypatch.setenv("GRPOFLOW_SANDBOX", isolated.isolation)  # the code reward below takes the same isolation
     home_file = Path.home() / f".grpoflow-sandbox-test-{os.getpid()}"
     home_file.write_text(SECRET)
     escape_file = Path("/tmp") / f"grpoflow-escape-{os.getpid()}"
+    host_folder = Path(tempfile.mkdtemp(prefix="grpoflow-host-", dir="/tmp"))  # reachable by any user on the host
+    (host_folder / "shared.txt").write_text(SECRET)
+    (host_folder / "keep.txt").write_text("keep")
+    host_folder.chmod(0o777)  # what a sandbox user could reach if the host's tree were in view
+    (host_folder / "shared.txt").chmod(0o644)
     harness_before = HARNESS.read_bytes()
-    programs = hostile_programs(port, home_file, escape_file)
-    assert len(programs) >= 15
+    programs = hostile_programs(port, home_file, escape_file, host_folder)
+    assert len(programs) >= 19
     try:
         names = list(programs)
-        results = sandbox.run_many([SandboxJob(programs[n][0], programs[n][1]) for n in names])
+        results = isolated.run_many([SandboxJob(programs[n][0], programs[n][1]) for n in names])
         for name, result in zip(names, results, strict=True):
             assert result.status in programs[name][2], f"{name}: {result.status} {result.detail} {result.stderr[-200:]}"
             assert result.seconds < LIMITS.wall_seconds + 5, name
             assert len(result.stdout) <= LIMITS.output_bytes and len(result.stderr) <= LIMITS.output_bytes, name
             assert SECRET not in result.stdout + result.stderr + result.detail, name
+            assert "keep.txt" not in result.stdout + result.stderr + result.detail, name
     finally:
         home_file.unlink()
+        keep = (host_folder / "keep.txt").read_text() if (host_folder / "keep.txt").exists() else None
+        shutil.rmtree(host_folder)
     rewards = code_tests(
         completions=[programs[n][0] for n in names],
         tests=[programs[n][1] for n in names],
@@ -209,6 +253,7 @@ def test_hostile_programs_are_contained(
     assert rewards == [0.0] * len(names), dict(zip(names, rewards, strict=True))
     # The host is unchanged: nothing escaped, nothing connected, nothing left running, the harness intact.
     assert not escape_file.exists()
+    assert keep == "keep"
     assert accepted == []
     assert HARNESS.read_bytes() == harness_before
     assert sandbox_processes() == []
@@ -303,3 +348,29 @@ def test_sandboxes_side_by_side_do_not_share_a_process_budget() -> None:
     assert results[0].passed and beside.passed, (results[0], beside)
     if os.geteuid() == 0:
         assert len(uids) == 2
+
+
+def test_an_ordinary_program_passes_under_each_isolation(isolated: Sandbox) -> None:
+    program = "import json, math, random, tempfile\nrandom.seed(1)\n"
+    program += "with tempfile.TemporaryFile() as f:\n    f.write(b'4')\n    f.seek(0)\n    value = int(f.read())\n"
+    program += "def answer():\n    return int(math.sqrt(value) * 21) + len(json.dumps([]))  - 2"
+    result = isolated.run(SandboxJob(program, TESTS))
+    assert result.status == "passed", (result.detail, result.stderr[-300:])
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "unshare"])
+def test_each_isolation_proves_it_sees_no_host_file(isolation: str) -> None:
+    described = verified_isolation.__wrapped__(isolation)
+    assert described.startswith(f"{isolation} private root")
+
+
+def test_a_sandbox_that_sees_the_host_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``unshare`` path as it was (new namespaces, the host's mount view) must fail the planted-canary check."""
+
+    def host_view(new_root: str, workdir_bytes: int, reply_fd: int = 3) -> list[str]:
+        command = ["unshare", "--net", "--pid", "--ipc", "--uts", "--mount", "--fork", "--kill-child", "--mount-proc"]
+        return [*command, os.path.realpath(sys.executable), "-I", "-S", "-B", str(HARNESS), str(reply_fd)]
+
+    monkeypatch.setattr(sandbox_module, "unshare_command", host_view)
+    with pytest.raises(SandboxUnavailable, match="sees host files"):
+        verified_isolation.__wrapped__("unshare")

@@ -6,8 +6,12 @@ its output cut) and contains nothing; the rollout goes on, and the next ordinary
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from tasks.config import ToolSettings
 from tasks.environments import Toolbox
@@ -21,15 +25,28 @@ def toolbox(session: bool = False) -> Toolbox:
     return Toolbox(ToolSettings(use=[{"name": "python", "args": LIMITS}], **settings))
 
 
-def test_hostile_calls_answer_with_an_error_and_the_rollout_goes_on(listener, tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolation", ["bwrap", "unshare"])
+def test_hostile_calls_answer_with_an_error_and_the_rollout_goes_on(
+    listener, isolation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under bubblewrap and under the ``unshare`` path's private root alike. The host folder is under /tmp, where
+    any user could reach it if the sandbox saw the host's tree."""
+    monkeypatch.setenv("GRPOFLOW_SANDBOX", isolation)
     port, accepted = listener
-    secret_file = tmp_path / "secret.txt"
+    host_folder = Path(tempfile.mkdtemp(prefix="grpoflow-tool-host-", dir="/tmp"))
+    host_folder.chmod(0o777)
+    secret_file = host_folder / "secret.txt"
     secret_file.write_text(SECRET)
+    secret_file.chmod(0o644)
+    (host_folder / "keep.txt").write_text("keep")
     hostile = {
         "network to the host": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
         "network to the internet": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
         "a host file": f"print(open({str(secret_file)!r}).read())",
-        "a host file, listed": f"import os\nprint(os.listdir({str(tmp_path)!r}))",
+        "a host file, listed": f"import os\nprint(os.listdir({str(host_folder)!r}))",
+        "a host file, deleted": f"import os\nos.remove({str(host_folder / 'keep.txt')!r})",
+        "a host file, written": f"open({str(host_folder / 'new.txt')!r}, 'w').write('x')",
+        "the parent's /proc": f"print(open('/proc/{os.getpid()}/environ').read())",
         "endless loop": "while True:\n    pass",
         "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
         "memory bomb": "blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))",
@@ -38,9 +55,10 @@ def test_hostile_calls_answer_with_an_error_and_the_rollout_goes_on(listener, tm
     }
     environment = toolbox().factory()
     environment.reset()
+    answers = {}
     for name, code in hostile.items():
         started = time.monotonic()
-        answer = environment.python(code)
+        answer = answers[name] = environment.python(code)
         record = environment.tool_calls[-1]
         assert record.failed and answer.count("Error") >= 1, (name, answer)
         assert SECRET not in answer and "secret.txt" not in answer, name
@@ -48,8 +66,10 @@ def test_hostile_calls_answer_with_an_error_and_the_rollout_goes_on(listener, tm
         # the rollout goes on: the next call answers
         assert environment.python("print(6 * 7)") == "42", name
     assert accepted == []
-    assert "ran past its time limit" in environment.tool_calls[8].answer  # the endless loop
-    assert "out of memory" in environment.tool_calls[12].answer  # the memory bomb
+    assert "ran past its time limit" in answers["endless loop"]
+    assert "out of memory" in answers["memory bomb"]
+    assert sorted(os.listdir(host_folder)) == ["keep.txt", "secret.txt"]  # nothing deleted, nothing written
+    shutil.rmtree(host_folder)
 
 
 def test_a_flood_is_cut_at_the_tools_output_limit_and_said_so() -> None:
