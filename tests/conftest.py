@@ -339,6 +339,7 @@ class JudgeServer:
     mode: str = "ok"  # ok | slow | garbage | flaky | html
     delay_s: float = 0.0
     failures_left: int = 0
+    api_key: str | None = None  # when set, a request without ``Authorization: Bearer <api_key>`` gets a 401
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -353,6 +354,11 @@ def judge_server() -> Iterator[JudgeServer]:
 
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if state.api_key and self.headers.get("Authorization") != f"Bearer {state.api_key}":
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             with state.lock:
                 state.requests.append(payload)
                 flaky = state.mode == "flaky" and state.failures_left > 0

@@ -145,9 +145,19 @@ def vllm_serve(
         }
         if on_cpu:  # vLLM's CPU engine dies on a per-request seed (docs/judges.md): the cache keeps reruns equal
             judge_args["seed_requests"] = False
-        if api_key:
-            judge_args["api_key_env"] = "VLLM_API_KEY"
+        if api_key:  # the judge reads the key the way this server got it: the same file, or the same variable
+            key_file = environ.get("VLLM_API_KEY_FILE")
+            judge_args |= (
+                {"api_key_file": str(Path(key_file).resolve())} if key_file else {"api_key_env": "VLLM_API_KEY"}
+            )
+            if reachable != "127.0.0.1" and not is_loopback(reachable):
+                judge_args["allow_key_over_http"] = True  # vLLM serves plain http: said below
         console.print(f"llm_judge args: {json.dumps(judge_args)}", soft_wrap=True)
+        if judge_args.get("allow_key_over_http"):
+            console.print(
+                "note: vLLM serves plain http, so the judge's key crosses the network readable: keep it on a network "
+                "you trust, or put a TLS proxy in front and give the judge its https URL"
+            )
     else:
         command, env = pipeline_server_command(cfg, resolve_model_source(cfg.model.source), host, port)
     if print_only:

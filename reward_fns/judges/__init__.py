@@ -12,10 +12,16 @@ from typing import Any
 from reward_fns.judges.cache import CacheStats, VerdictCache, verdict_key
 from reward_fns.judges.llm import JudgeStats, LLMJudge, parse_choice, parse_score
 from reward_fns.judges.reward_model import RewardModel, model_digest
-from reward_fns.judges.settings import LLMJudgeSettings, RewardModelSettings
+from reward_fns.judges.settings import (
+    JUDGE_KEY_VARIABLES,
+    LLMJudgeSettings,
+    RewardModelSettings,
+    redact_credentials,
+)
 
 __all__ = [
     "JUDGES",
+    "JUDGE_KEY_VARIABLES",
     "CacheStats",
     "JudgeStats",
     "LLMJudge",
@@ -28,6 +34,7 @@ __all__ = [
     "model_digest",
     "parse_choice",
     "parse_score",
+    "redact_credentials",
     "verdict_key",
 ]
 

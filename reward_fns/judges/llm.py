@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from reward_fns.judges.cache import VerdictCache, verdict_key
-from reward_fns.judges.settings import PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE, LLMJudgeSettings
+from reward_fns.judges.settings import PAIRWISE_TEMPLATE, POINTWISE_TEMPLATE, LLMJudgeSettings, redact_credentials
 from reward_fns.text import completion_text, prompt_text
 
 logger = logging.getLogger(__name__)
@@ -117,6 +116,7 @@ class LLMJudge:
         self.cache = cache
         self.stats = JudgeStats()
         self.identity = settings.identity()
+        self._api_key = settings.api_key()  # read once, where the judge is built: a missing key fails before training
 
     # -- the items ----------------------------------------------------------------------------------------------
     def _references(self, columns: dict[str, Any], n: int) -> list[Any]:
@@ -179,15 +179,16 @@ class LLMJudge:
         import httpx
 
         url = self.settings.url.rstrip("/") + "/chat/completions"
+        shown = redact_credentials(url)  # what errors and logs say: never a password in a URL
         for attempt in range(self.settings.max_retries + 1):
             self.stats.requests += 1
             try:
                 async with bound:
                     response = await client.post(url, json=payload)
                 if response.status_code == 429 or response.status_code >= 500:
-                    raise _Retryable(f"HTTP {response.status_code} from {url}")
+                    raise _Retryable(f"HTTP {response.status_code} from {shown}")
                 if response.status_code >= 400:
-                    self.stats.last_error = f"HTTP {response.status_code} from {url}: {response.text[:200]}"
+                    self.stats.last_error = f"HTTP {response.status_code} from {shown}: {response.text[:200]}"
                     return None
                 choice = response.json()["choices"][0]
                 if self.settings.score == "expected":
@@ -195,11 +196,12 @@ class LLMJudge:
                 content = choice["message"]["content"]
                 return content if isinstance(content, str) else None
             except (httpx.TransportError, _Retryable) as exc:
-                self.stats.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                said = redact_credentials(str(exc))
+                self.stats.last_error = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
                 if attempt < self.settings.max_retries:
                     await asyncio.sleep(self.settings.backoff_s * 2**attempt)
             except (ValueError, KeyError, IndexError, TypeError) as exc:  # not an OpenAI-shaped answer
-                self.stats.last_error = f"unreadable answer from {url}: {exc}"
+                self.stats.last_error = f"unreadable answer from {shown}: {exc}"
                 return None
         return None
 
@@ -242,9 +244,7 @@ class LLMJudge:
         self.stats.cached += n - len(todo)
         self.stats.asked += len(todo)
         if todo:
-            headers = {}
-            if self.settings.api_key_env and os.environ.get(self.settings.api_key_env):
-                headers["Authorization"] = f"Bearer {os.environ[self.settings.api_key_env]}"
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
             bound = asyncio.Semaphore(self.settings.max_concurrency)
             async with httpx.AsyncClient(timeout=self.settings.request_timeout_s, headers=headers) as client:
                 tasks = {}

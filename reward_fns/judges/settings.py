@@ -6,9 +6,59 @@ an error that names it). Must not import: ``tasks``, ``flows``, Prefect, MLflow.
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
+from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The only environment variables a judge may read its key from; the node launchers pass these (and no others) to
+# the nodes, so a config in a shared experiment cannot make a node send any other variable as a Bearer header.
+JUDGE_KEY_VARIABLES = ("GRPOFLOW_JUDGE_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it replaced: what errors, logs and MLflow params show.
+
+    >>> redact_credentials("HTTP 401 from https://ann:s3cret@judge.example/v1/chat/completions")
+    'HTTP 401 from https://***@judge.example/v1/chat/completions'
+    >>> redact_credentials("http://127.0.0.1:8001/v1")
+    'http://127.0.0.1:8001/v1'
+    """
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` names this machine (a key sent there never crosses a network).
+
+    >>> is_loopback_url("http://127.0.0.1:8001/v1"), is_loopback_url("http://localhost/v1")
+    (True, True)
+    >>> is_loopback_url("http://judge.internal:8001/v1")
+    False
+    """
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_key_file(path: str | os.PathLike[str], what: str) -> str:
+    """The key a file holds (a mounted secret; surrounding whitespace dropped); ValueError naming ``what``."""
+    try:
+        key = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+    if not key:
+        raise ValueError(f"{what} {path} is empty")
+    return key
+
 
 DEFAULT_RUBRIC = (
     "Judge whether the response answers the task correctly, completely and concisely. A response that is wrong, "
@@ -95,7 +145,19 @@ class LLMJudgeSettings(_Settings):
         "same item the same way; off for vLLM's CPU build, whose engine dies on a per-request seed "
         "(grpoflow vllm-serve --judge prints it off there). Either way the verdict cache keeps a rerun's verdicts.",
     )
-    api_key_env: str | None = Field(None, description="The environment variable holding the API key (never the key).")
+    api_key_env: str | None = Field(
+        None,
+        description="The environment variable holding the API key (never the key): one of GRPOFLOW_JUDGE_API_KEY, "
+        "VLLM_API_KEY, OPENAI_API_KEY. Where it is unset, the file its <NAME>_FILE variable names is read.",
+    )
+    api_key_file: str | None = Field(
+        None, description="A file holding the API key (a mounted secret), instead of api_key_env."
+    )
+    allow_key_over_http: bool = Field(
+        False,
+        description="Send the key over plain http to a host other than this one (refused by default: anyone on the "
+        "path reads it); warns at every load.",
+    )
     max_concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
     max_retries: int = Field(3, ge=0, description="Retries of a request that failed to connect or got 429/5xx.")
     backoff_s: float = Field(0.5, ge=0.0, description="The first retry's wait; doubled for each next one.")
@@ -103,6 +165,46 @@ class LLMJudgeSettings(_Settings):
     deadline_s: float = Field(
         300.0, gt=0, description="A batch's verdicts not in by then are None (counted by grpo.max_none_share)."
     )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _allowed_key_variable(cls, name: str | None) -> str | None:
+        if name is not None and name not in JUDGE_KEY_VARIABLES:
+            raise ValueError(f"api_key_env {name!r} is not one of {', '.join(JUDGE_KEY_VARIABLES)}")
+        return name
+
+    @model_validator(mode="after")
+    def _key_where_it_belongs(self) -> LLMJudgeSettings:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("give the judge's key one way: api_key_env or api_key_file, not both")
+        keyed = self.api_key_env or self.api_key_file
+        plain = urlsplit(self.url).scheme == "http" and not is_loopback_url(self.url)
+        if keyed and plain and not self.allow_key_over_http:
+            raise ValueError(
+                f"the judge's API key would travel over plain http to {urlsplit(self.url).hostname}: use https, "
+                "or set allow_key_over_http: true on a network you trust"
+            )
+        if keyed and plain:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "the judge's API key travels over plain http to %s (allow_key_over_http)", urlsplit(self.url).hostname
+            )
+        return self
+
+    def api_key(self) -> str | None:
+        """The key sent as ``Authorization: Bearer``: from ``api_key_file``, else ``api_key_env``'s variable, else
+        the file its ``<NAME>_FILE`` variable names (what ``grpoflow vllm-serve --api-key-file`` sets); None when
+        no key is configured. ValueError naming the file or variable that holds none."""
+        if self.api_key_file:
+            return read_key_file(self.api_key_file, "the judge's api_key_file")
+        if not self.api_key_env:
+            return None
+        if os.environ.get(self.api_key_env):
+            return os.environ[self.api_key_env]
+        if os.environ.get(f"{self.api_key_env}_FILE"):
+            return read_key_file(os.environ[f"{self.api_key_env}_FILE"], f"{self.api_key_env}_FILE")
+        raise ValueError(f"the judge's key variable {self.api_key_env} (or {self.api_key_env}_FILE) is not set")
 
     @model_validator(mode="after")
     def _one_token_scores(self) -> LLMJudgeSettings:
@@ -125,7 +227,7 @@ class LLMJudgeSettings(_Settings):
         could be any model, so the endpoint is part of it."""
         return {
             "kind": "llm_judge",
-            "model": self.model_digest or f"{self.model}@{self.url.rstrip('/')}",
+            "model": self.model_digest or f"{self.model}@{redact_credentials(self.url).rstrip('/')}",
             "mode": self.mode,
             "template": self.template or (PAIRWISE_TEMPLATE if self.mode == "pairwise" else POINTWISE_TEMPLATE),
             "rubric": self.rubric,

@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from reward_fns.judges.settings import redact_credentials
 from tasks.errors import GrpoflowError, is_disk_full
 from tasks.layout import OutputDirError, RunLayout
 from tasks.tracking.client import client_for, tracking_error
@@ -360,5 +361,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
             flat.update(_flatten(value, f"{name}."))
         else:
-            flat[name] = json.dumps(value) if isinstance(value, list) else value
+            value = json.dumps(value) if isinstance(value, list) else value
+            flat[name] = redact_credentials(value) if isinstance(value, str) else value  # no password in a URL
     return flat

@@ -40,10 +40,16 @@ class _Command:
 
 
 def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
-    tiny_config: PipelineConfig, tiny_reward_model_dir: Path
+    tiny_config: PipelineConfig, tiny_reward_model_dir: Path, judge_server, tmp_path: Path, capfd
 ) -> None:
+    """Beside it an LLM judge that needs a key, given in a file: the run's artifacts, files and logs hold no key."""
+    key = "judge-secret-4f0b2e"
+    judge_server.api_key = key
+    (tmp_path / "judge.key").write_text(key)
+    llm = {"url": judge_server.url, "model": "judge", "api_key_file": str(tmp_path / "judge.key")}
     spec = {"name": "reward_model", "args": {"model": str(tiny_reward_model_dir)}, "weight": 0.5}
     config = _with_rewards(tiny_config, spec, "tiny-judged", judge_min_ordered=0.0)  # random weights order nothing
+    config = _with_rewards(config, {"name": "llm_judge", "args": llm, "weight": 0.25}, "tiny-judged")
     config = config.model_copy(update={"promotion": config.promotion.model_copy(update={"metric": "judged_win_rate"})})
     summary = pipeline(config, "tiny-rm")
     assert summary["promotion"]["version"] == "1" and "judged win rate" in summary["promotion"]["reason"]
@@ -76,6 +82,13 @@ def test_a_reward_model_trains_registers_and_rescore_reads_its_cached_verdicts(
     report = json.loads(result.stdout[result.stdout.index("{") :])
     assert report["rows"] == steps and report["agreement"] == 1.0  # the same verdicts the run trained on
     assert report["judge"] == {"from_cache": steps, "asked": 0, "requests": 0}  # none computed again
+    assert len(judge_server.requests) > steps  # the keyed judge answered: canaries, probes, GRPO, evaluation
+    said = capfd.readouterr()
+    assert key not in said.out + said.err
+    store = Path(config.resolved_tracking_uri().removeprefix("sqlite:///")).parent
+    for folder in {config.output_dir, store}:
+        for path in folder.rglob("*"):
+            assert not path.is_file() or key.encode() not in path.read_bytes(), path
 
 
 def test_a_judge_that_is_down_stops_the_run_at_its_canaries_or_mid_run_at_the_none_guard(

@@ -145,3 +145,56 @@ def test_the_expected_score_weighs_the_scores_the_judge_gave_probability(judge_s
     assert all(r["top_logprobs"] == 20 and r["max_tokens"] == 1 for r in judge_server.requests)
     with pytest.raises(ValueError, match="max_score must be 9 or less"):
         LLMJudgeSettings(url="u", model="m", score="expected")
+
+
+def test_the_judge_takes_its_key_from_a_file_or_an_allowed_variable(judge_server, tmp_path, monkeypatch) -> None:
+    judge_server.api_key = "judge-key-93c1"
+    without = _judge(judge_server, max_retries=0)
+    assert asyncio.run(without(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1])) == [None]
+    assert without.stats.last_error.startswith("HTTP 401")
+    (tmp_path / "key").write_text("judge-key-93c1\n")
+    from_file = _judge(judge_server, api_key_file=str(tmp_path / "key"))
+    assert asyncio.run(from_file(completions=COMPLETIONS, prompts=PROMPTS, ground_truth=GOLD)) == [1.0, 0.2, 1.0]
+    monkeypatch.setenv("GRPOFLOW_JUDGE_API_KEY_FILE", str(tmp_path / "key"))  # <NAME>_FILE where <NAME> is unset
+    from_variable_file = _judge(judge_server, api_key_env="GRPOFLOW_JUDGE_API_KEY")
+    assert asyncio.run(from_variable_file(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1])) == [
+        1.0
+    ]
+    monkeypatch.delenv("GRPOFLOW_JUDGE_API_KEY_FILE")
+    with pytest.raises(ValueError, match="GRPOFLOW_JUDGE_API_KEY .*is not set"):
+        _judge(judge_server, api_key_env="GRPOFLOW_JUDGE_API_KEY")
+    with pytest.raises(ValueError, match="api_key_file .*missing"):
+        _judge(judge_server, api_key_file=str(tmp_path / "missing"))
+
+
+def test_judge_keys_stay_where_they_belong_at_load() -> None:
+    from tasks.config import RewardSpec
+
+    with pytest.raises(ValueError, match="api_key_env 'HOME' is not one of GRPOFLOW_JUDGE_API_KEY"):
+        RewardSpec(name="llm_judge", args={"url": "https://j/v1", "model": "j", "api_key_env": "HOME"})
+    with pytest.raises(ValueError, match="one way: api_key_env or api_key_file"):
+        RewardSpec(
+            name="llm_judge",
+            args={"url": "https://j/v1", "model": "j", "api_key_env": "VLLM_API_KEY", "api_key_file": "/k"},
+        )
+    with pytest.raises(ValueError, match="plain http to judge.internal: use https"):
+        RewardSpec(name="llm_judge", args={"url": "http://judge.internal/v1", "model": "j", "api_key_file": "/k"})
+    for allowed in (
+        {"url": "https://judge.internal/v1", "api_key_file": "/k"},
+        {"url": "http://127.0.0.1:8001/v1", "api_key_env": "VLLM_API_KEY"},
+        {"url": "http://judge.internal/v1", "api_key_file": "/k", "allow_key_over_http": True},
+        {"url": "http://judge.internal/v1"},  # no key, nothing to leak
+    ):
+        RewardSpec(name="llm_judge", args={"model": "j", **allowed})
+
+
+def test_credentials_in_a_judge_url_are_never_shown(judge_server) -> None:
+    judge_server.api_key = "needs-a-key"
+    url = judge_server.url.replace("http://", "http://ann:url-pass-77@")
+    judge = LLMJudge(LLMJudgeSettings(url=url, model="judge", max_retries=0))
+    asyncio.run(judge(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1]))
+    assert judge.stats.last_error.startswith("HTTP 401") and "url-pass-77" not in judge.stats.last_error
+    assert "url-pass-77" not in str(judge.identity)
+    down = LLMJudge(LLMJudgeSettings(url="http://ann:url-pass-77@127.0.0.1:9/v1", model="judge", max_retries=0))
+    asyncio.run(down(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1]))
+    assert down.stats.last_error and "url-pass-77" not in down.stats.last_error

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -82,3 +84,33 @@ def test_vllm_serve_on_an_open_address_needs_a_key(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "--api-key " not in done.stdout and "VLLM_API_KEY" not in done.stdout  # never on a command line
+
+
+def test_vllm_serve_judge_prints_the_key_the_way_it_got_it(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A key from a file: the judge's args name that file (it read only the variable before, so every verdict was a
+    401); a key from the variable: the variable. Either way the printed args load as a judge's settings."""
+    from reward_fns.judges import check_judge_args
+
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)}
+    (tmp_path / "key").write_text("file-key\n")
+    ways = {"file": ["--api-key-file", str(tmp_path / "key")], "variable": []}
+    for way, extra in ways.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "vllm-serve", "configs/tiny.yaml", "--judge", str(tiny_model_dir)]
+            + ["--host", "0.0.0.0", "--print", *extra],
+            capture_output=True,
+            text=True,
+            env=env if way == "file" else {**env, "VLLM_API_KEY": "variable-key"},
+            cwd=Path(__file__).resolve().parents[3],
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        args = json.loads(done.stdout.split("llm_judge args: ", 1)[1].splitlines()[0])
+        expected = {"api_key_file": str(tmp_path / "key")} if way == "file" else {"api_key_env": "VLLM_API_KEY"}
+        assert expected.items() <= args.items(), args
+        assert "file-key" not in done.stdout and "variable-key" not in done.stdout
+        os.environ["VLLM_API_KEY"] = "variable-key"  # the judge reads the variable where the printed args say so
+        try:
+            settings = check_judge_args("llm_judge", args)
+            assert settings.api_key() == ("file-key" if way == "file" else "variable-key")
+        finally:
+            del os.environ["VLLM_API_KEY"]
