@@ -4,7 +4,8 @@ A verdict is keyed by everything that decides it — the judge's identity (its m
 template, its sampling settings, the prompt, the completion and the reference — so ``rescore`` with the same judge,
 a resumed run and a rerun with the same seed read the verdicts the first run got instead of asking a server that
 samples (and would answer differently) again. Only verdicts are kept: a ``None`` (a judge that was down, slow or
-unreadable) is asked again next time. One SQLite file, safe for several processes (WAL, a busy timeout).
+unreadable) is asked again next time. One SQLite file, safe for several processes (WAL, a busy timeout); on a
+network filesystem, where WAL is unsafe across hosts, one file per host without WAL (``verdict_cache_file``).
 Must not import: ``tasks``, ``flows``, Prefect, MLflow.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import sqlite3
 import threading
 from collections.abc import Iterable, Mapping
@@ -52,6 +54,63 @@ class CacheStats:
     stored: int = 0
 
 
+# Filesystems where several hosts may open one file: SQLite's WAL (shared memory beside the database) and its
+# POSIX locks are documented unsafe there (https://www.sqlite.org/wal.html, "WAL does not work over a network
+# filesystem").
+NETWORK_FILESYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "glusterfs", "ceph", "9p", "fuse.sshfs"}
+    | {"fuse.glusterfs", "fuse.cephfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "afs", "ocfs2", "gfs2"}
+)
+
+
+def filesystem_of(path: str | Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem holding ``path`` (its nearest existing folder), from ``/proc/self/mountinfo``;
+    ``""`` where that cannot be read.
+
+    >>> info = "36 1 0:30 / / rw - ext4 /dev/sda1 rw\\n40 36 0:41 / /home rw - nfs4 srv:/home rw\\n"
+    >>> filesystem_of("/home/ann/.cache/grpoflow", info), filesystem_of("/tmp/x", info)
+    ('nfs4', 'ext4')
+    """
+    target = Path(path).absolute()
+    if mountinfo is None:  # this machine: the nearest folder that exists, its links resolved
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return ""
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        target = target.resolve()
+    best, kind = "", ""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        fstype = line.split(" - ", 1)[1].split()[0]
+        inside = str(target) == point or str(target).startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind
+
+
+def verdict_cache_file(folder: str | Path, mountinfo: str | None = None) -> tuple[Path, bool]:
+    """Where this host keeps its verdicts under ``folder``, and whether it may use WAL: ``verdicts.sqlite3`` on a
+    local disk; on a network filesystem (a cluster's shared home) a file of this host's own,
+    ``verdicts-<host>.sqlite3``, without WAL, so no two nodes ever open one SQLite file.
+
+    >>> info = "36 1 0:30 / / rw - ext4 /dev/sda1 rw\\n40 36 0:41 / /home rw - nfs4 srv:/home rw\\n"
+    >>> verdict_cache_file("/tmp/c", info)
+    (PosixPath('/tmp/c/verdicts.sqlite3'), True)
+    >>> path, wal = verdict_cache_file("/home/ann/c", info); path.name.startswith("verdicts-"), wal
+    (True, False)
+    """
+    folder = Path(folder)
+    if filesystem_of(folder, mountinfo) in NETWORK_FILESYSTEMS:
+        host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname()) or "host"
+        return folder / f"verdicts-{host}.sqlite3", False
+    return folder / "verdicts.sqlite3", True
+
+
 class VerdictCache:
     """Verdicts by key, in one SQLite file (``path``) or in memory (``path=None``: kept for this object only).
 
@@ -62,8 +121,9 @@ class VerdictCache:
     CacheStats(hits=1, misses=2, stored=1)
     """
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, wal: bool = True) -> None:
         self.path = None if path is None else Path(path)
+        self.wal = wal
         self.stats = CacheStats()
         self._lock = threading.Lock()
         if self.path is not None:
@@ -71,8 +131,8 @@ class VerdictCache:
         # One connection per object, used under the lock (a reward may be called from a worker thread).
         self._db = sqlite3.connect(":memory:" if self.path is None else self.path, timeout=60, check_same_thread=False)
         with self._lock:
-            if self.path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
+            if self.path is not None:  # WAL lets readers and a writer overlap; only on a disk of this host's own
+                self._db.execute(f"PRAGMA journal_mode={'WAL' if wal else 'DELETE'}")
             self._db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, verdict REAL NOT NULL)")
             self._db.commit()
 
@@ -109,7 +169,7 @@ class VerdictCache:
             self._db.close()
 
     def __getstate__(self) -> dict[str, Any]:  # a reward is pickled to other processes: it reopens the file there
-        return {"path": self.path}
+        return {"path": self.path, "wal": self.wal}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])
+        self.__init__(state["path"], state.get("wal", True))

@@ -237,12 +237,17 @@ def _decoded(completions: list[list[Any]]) -> list[list[Any]]:
 
 
 def verdict_cache(specs: Sequence[Any]) -> VerdictCache | None:
-    """The verdict cache judged rewards share across runs (``<cache>/verdicts/verdicts.sqlite3``), when ``specs``
-    (the config's rewards) hold a judge; None otherwise (a program's verdict costs less than its lookup)."""
+    """The verdict cache judged rewards share across runs (``<cache>/verdicts/verdicts.sqlite3``; on a network
+    filesystem a file per host, without WAL: ``verdict_cache_file``), when ``specs`` (the config's rewards) hold a
+    judge; None otherwise (a program's verdict costs less than its lookup)."""
     from reward_fns.judges import JUDGES
+    from reward_fns.judges.cache import verdict_cache_file
     from tasks.models import cache_dir
 
     names = [spec["name"] if isinstance(spec, dict) else spec.name for spec in specs]
     if not any(name in JUDGES for name in names):
         return None
-    return VerdictCache(cache_dir() / "verdicts" / "verdicts.sqlite3")
+    path, wal = verdict_cache_file(cache_dir() / "verdicts")
+    if not wal:
+        logger.info("verdict cache on a network filesystem: %s, this host's own file, without WAL", path)
+    return VerdictCache(path, wal=wal)

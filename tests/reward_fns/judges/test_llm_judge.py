@@ -198,3 +198,28 @@ def test_credentials_in_a_judge_url_are_never_shown(judge_server) -> None:
     down = LLMJudge(LLMJudgeSettings(url="http://ann:url-pass-77@127.0.0.1:9/v1", model="judge", max_retries=0))
     asyncio.run(down(completions=COMPLETIONS[:1], prompts=PROMPTS[:1], ground_truth=GOLD[:1]))
     assert down.stats.last_error and "url-pass-77" not in down.stats.last_error
+
+
+def test_on_a_network_filesystem_each_host_keeps_its_own_verdict_file_without_wal(tmp_path) -> None:
+    """SQLite's WAL is unsafe when several hosts open one file (a cluster's home on NFS): there the cache is a file
+    of this host's own, in rollback-journal mode; on a local disk the one shared file in WAL mode."""
+    import pickle
+    import socket
+    import sqlite3
+
+    from reward_fns.judges.cache import verdict_cache_file
+
+    mounts = f"1 0 0:1 / / rw - ext4 /dev/sda1 rw\n2 1 0:2 / {tmp_path / 'home'} rw - nfs4 server:/home rw\n"
+    local, local_wal = verdict_cache_file(tmp_path / "disk" / "verdicts", mounts)
+    shared, shared_wal = verdict_cache_file(tmp_path / "home" / "ann" / "verdicts", mounts)
+    assert (local.name, local_wal) == ("verdicts.sqlite3", True)
+    assert shared.name == f"verdicts-{socket.gethostname()}.sqlite3" and not shared_wal
+    for path, wal in ((local, local_wal), (shared, shared_wal)):
+        cache = VerdictCache(path, wal=wal)
+        cache.put_many({"k": 0.5})
+        again = pickle.loads(pickle.dumps(cache))  # a rank reopens it the same way
+        assert again.get_many(["k"]) == {"k": 0.5}
+        mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == ("wal" if wal else "delete")
+        cache.close()
+        again.close()
