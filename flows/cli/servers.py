@@ -203,6 +203,9 @@ def vllm_serve(
 def node_agent(
     tracking_uri: Annotated[str, typer.Option(help="The MLflow tracking server every node reaches.")],
     stage_run: Annotated[str, typer.Option(help="The stage's MLflow run id (it holds the launch request).")],
+    manifest: Annotated[
+        str, typer.Option(help="The digest of the stage's sealed manifest (the launcher writes it; never from MLflow).")
+    ],
     node_rank: Annotated[
         int | None, typer.Option(help="This node's rank. Default: SLURM_PROCID, PET_NODE_RANK or GRPOFLOW_NODE_RANK.")
     ] = None,
@@ -224,7 +227,7 @@ def node_agent(
         raise NodeInputError("no --node-rank, and no SLURM_PROCID or PET_NODE_RANK to take it from")
     scratch = workdir or Path(tempfile.mkdtemp(prefix=f"grpoflow-node-{node}-"))
     try:
-        code = run_agent(tracking_uri, stage_run, node, scratch, rendezvous_host, local_addr)
+        code = run_agent(tracking_uri, stage_run, node, scratch, manifest, rendezvous_host, local_addr)
     finally:
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)

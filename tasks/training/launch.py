@@ -234,11 +234,13 @@ def reported_error(report: dict[str, Any], message: str, after: str) -> Exceptio
     >>> str(reported_error({"module": "builtins", "type": "ValueError"}, "grpo rank 1: bad", "log: x"))
     'grpo rank 1: bad (ValueError); log: x'
     """
-    try:
-        error_type = getattr(importlib.import_module(report["module"]), report["type"])
-    except (ImportError, AttributeError):
-        error_type = None
-    if isinstance(error_type, type) and report["module"].split(".")[0] in ("tasks", "reward_fns"):
+    error_type = None
+    if str(report.get("module", "")).split(".")[0] in ("tasks", "reward_fns"):  # never import what a node names
+        try:
+            error_type = getattr(importlib.import_module(report["module"]), report["type"])
+        except (ImportError, AttributeError):
+            error_type = None
+    if isinstance(error_type, type) and issubclass(error_type, Exception):
         try:
             return error_type(message)
         except TypeError:

@@ -244,3 +244,72 @@ def test_the_manual_launchers_printed_commands_run_in_two_shells_train(
     assert stage.returncode == 0, output[-3000:]
     assert "grpoflow node-agent" in output  # printed for the person who runs them
     assert json.loads((config.output_dir / "nodes-manual" / "summary.json").read_text())["promotion"]["version"]
+
+
+TAMPER_REWARD = """
+print("IMPORTED-{who}", flush=True)  # runs at import: a node that imports it says so in its log
+
+
+def tamper_length(completions, **kwargs):
+    return [-abs(8 - len(c if isinstance(c, str) else c[-1]["content"])) / 8 for c in completions]
+"""
+
+
+@pytest.mark.parametrize("target", ["reward module", "request", "train file"])
+def test_a_tampered_input_stops_every_node_before_anything_is_imported(
+    tiny_config: PipelineConfig, mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
+) -> None:
+    """Someone who can write the experiment's artifacts changes a file between the stage's upload and the agents'
+    fetch: every node stops naming the file, and nothing of what it holds is imported (the module prints at import;
+    a node's filesystem is read-only apart from its own /tmp, so its log is where an import would show)."""
+    from tasks.training.nodes import stage as stage_module
+    from tasks.training.nodes.agent import NodeInputTampered
+    from tasks.training.nodes.exchange import INPUTS, REQUEST
+
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "tamper_reward.py").write_text(TAMPER_REWARD.format(who="shipped"))
+    config = grpo_only(
+        two_nodes(
+            tiny_config,
+            mlflow_server,
+            "tiny-nodes-tamper",
+            29437,
+            rewards=[{"name": "tamper_reward:tamper_length", "path": str(tmp_path / "rewards")}],
+            canaries={"enabled": False},
+        )
+    )
+    client = MlflowClient(mlflow_server["uri"])
+    real_send = stage_module.send_request
+    changed = tmp_path / "changed"
+    changed.mkdir()
+
+    def send_then_tamper(artifacts, *args, **kwargs):
+        sealed = real_send(artifacts, *args, **kwargs)
+        if target == "reward module":
+            name = f"{INPUTS}/rewards/0/tamper_reward.py"
+            (changed / "tamper_reward.py").write_text(TAMPER_REWARD.format(who="tampered"))
+        elif target == "request":
+            name = REQUEST
+            request = artifacts.fetch_json(REQUEST)
+            request["config"]["rewards"][0]["args"] = {"note": "changed"}
+            (changed / "request.json").write_text(json.dumps(request))
+        else:
+            name = f"{INPUTS}/train.jsonl"
+            rows = (config.output_dir / "tamper" / "validate" / "train.jsonl").read_text().splitlines()
+            (changed / "train.jsonl").write_text("\n".join(rows[:1]) + "\n")
+        client.log_artifact(artifacts.run_id, str(changed / name.rsplit("/", 1)[1]), name.rsplit("/", 1)[0])
+        return sealed
+
+    monkeypatch.setattr(stage_module, "send_request", send_then_tamper)
+    name = {"reward module": "rewards/0/tamper_reward.py", "request": "request.json", "train file": "train.jsonl"}
+    with pytest.raises(NodeInputTampered, match=rf"launch/(inputs/)?{name[target]} differs"):
+        pipeline(config, "tamper")
+    logs = sorted((config.output_dir / "tamper" / "grpo" / "launch").glob("node-*.agent.log"))
+    assert len(logs) == 2
+    for log in logs:
+        said = log.read_text()
+        assert "differs from" in said and "IMPORTED" not in said, (log.name, said[-2000:])  # nothing imported
+    grpo_run = stage_runs(config, "tamper")["grpo"][0]
+    for node in (0, 1):
+        folder = Path(client.download_artifacts(grpo_run.info.run_id, f"launch/nodes/node-{node}"))
+        assert json.loads((folder / "exit.json").read_text())["returncode"] != 0, node

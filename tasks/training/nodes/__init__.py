@@ -10,7 +10,8 @@ from tasks import lazy_surface
 
 # name -> the module behind this package that defines it
 _EXPORTS = {
-    "NodeInputError": "agent",
+    "NodeInputError": "exchange",
+    "NodeInputTampered": "exchange",
     "run_agent": "agent",
     "StageArtifacts": "exchange",
     "model_digest": "exchange",

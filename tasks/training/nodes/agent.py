@@ -3,9 +3,11 @@ request and inputs from the stage's MLflow run, restores the newest complete che
 ``accelerate launch`` (torch.distributed, c10d rendezvous at node 0), and reports back through MLflow: its log,
 its exit, its ranks' errors and, from the node that held rank 0, the result and the adapter.
 
-``python -m tasks.training.nodes.agent --tracking-uri URI --stage-run RUN_ID [--node-rank K]`` (or ``grpoflow
-node-agent``); the node rank defaults to Slurm's ``SLURM_PROCID``, Kubeflow's ``PET_NODE_RANK`` or
-``GRPOFLOW_NODE_RANK``. Must not import: Prefect, a stage (the ranks run ``tasks.launch`` in their own processes).
+``python -m tasks.training.nodes.agent --tracking-uri URI --stage-run RUN_ID --manifest DIGEST [--node-rank K]``
+(or ``grpoflow node-agent``); the node rank defaults to Slurm's ``SLURM_PROCID``, Kubeflow's ``PET_NODE_RANK`` or
+``GRPOFLOW_NODE_RANK``. ``DIGEST`` is the stage's sealed manifest's: every file fetched is checked against it
+before anything is read or run (``VerifiedInputs``).
+Must not import: Prefect, a stage (the ranks run ``tasks.launch`` in their own processes).
 """
 
 from __future__ import annotations
@@ -23,19 +25,49 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import PipelineConfig
-from tasks.errors import GrpoflowError, InfrastructureError, UserError
+from tasks.errors import GrpoflowError, InfrastructureError
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.training.launch import LAUNCH_DIR, LaunchRequest, NodePlacement, accelerate_command, run_forwarding_log
 from tasks.training.ledger import LEDGER_DIR
-from tasks.training.nodes.exchange import INPUTS, REQUEST, RESULT, StageArtifacts, model_digest, node_folder
+from tasks.training.nodes.exchange import (
+    INPUTS,
+    MANIFEST,
+    REQUEST,
+    RESULT,
+    Manifest,
+    NodeInputError,
+    NodeInputTampered,
+    ShippedInputChanged,
+    StageArtifacts,
+    model_digest,
+    node_folder,
+)
 from tasks.training.remote_checkpoints import restore_newest, store_for
 from tasks.training.trainer import resumable_checkpoint
 
 logger = logging.getLogger("grpoflow.node")
 
 
-class NodeInputError(UserError, RuntimeError):
-    """A node cannot get what the stage needs (a base model with other bytes, a source it cannot resolve)."""
+class VerifiedInputs:
+    """The stage's artifacts as a node may use them: the manifest checked against the digest the agent was given,
+    then every fetched file against the manifest."""
+
+    def __init__(self, artifacts: StageArtifacts, manifest_digest: str, node: int) -> None:
+        self.artifacts, self.node = artifacts, node
+        try:
+            self.manifest = Manifest.from_bytes(artifacts.fetch_bytes(MANIFEST), manifest_digest)
+            data = artifacts.fetch_bytes(REQUEST)
+            self.manifest.check_request(data)
+        except ShippedInputChanged as exc:
+            raise NodeInputTampered(f"node {node}: {exc}; stopped before anything was read or run") from None
+        self.request = json.loads(data)
+
+    def fetch(self, name: str, destination: Path) -> Path:
+        local = self.artifacts.fetch(name, destination)
+        try:
+            return self.manifest.check(local, name)
+        except ShippedInputChanged as exc:
+            raise NodeInputTampered(f"node {self.node}: {exc}; stopped before anything was run") from None
 
 
 def node_rank_from_environment(environ: dict[str, str] | None = None) -> int | None:
@@ -65,7 +97,7 @@ def rendezvous_from_environment(request: dict[str, Any], environ: dict[str, str]
     return host, int(port)
 
 
-def base_model_for(request: dict[str, Any], artifacts: StageArtifacts, inputs: Path, node: int) -> Path:
+def base_model_for(request: dict[str, Any], artifacts: VerifiedInputs, inputs: Path, node: int) -> Path:
     """The base model on this node: the copy the stage shipped, else this node's own resolution of the source,
     checked to hold the same bytes as the stage's (a model built or converted here must not differ silently)."""
     model = request["model"]
@@ -88,10 +120,10 @@ def base_model_for(request: dict[str, Any], artifacts: StageArtifacts, inputs: P
 
 
 def prepare_node(
-    request: dict[str, Any], artifacts: StageArtifacts, node: int, node_dir: Path
+    request: dict[str, Any], artifacts: VerifiedInputs, node: int, node_dir: Path
 ) -> tuple[PipelineConfig, Path]:
-    """Fetch the inputs, restore the newest complete checkpoint, and write this node's local launch request;
-    returns the config and the request's path."""
+    """Fetch the inputs (each checked against the stage's manifest), restore the newest complete checkpoint, and
+    write this node's local launch request; returns the config and the request's path."""
     inputs = node_dir / "inputs"
     train_path = artifacts.fetch(f"{INPUTS}/{request['train_file']}", inputs)
     if request.get("holdout_file"):  # beside the train file, where GRPO's in-training evaluation reads it
@@ -119,8 +151,8 @@ def prepare_node(
         train_path=str(train_path),
         base_model_dir=str(base_model),
         stage_dir=str(stage_dir),
-        tracking_uri=artifacts.tracking_uri,
-        stage_run_id=artifacts.run_id,
+        tracking_uri=artifacts.artifacts.tracking_uri,
+        stage_run_id=artifacts.artifacts.run_id,
         sft_adapter_dir=str(sft_adapter) if sft_adapter else None,
         keep_ids=request.get("keep_ids"),
         checkpoint_store=store,
@@ -154,11 +186,13 @@ def run_agent(
     stage_run_id: str,
     node: int,
     workdir: Path,
+    manifest_digest: str,
     rendezvous_host: str | None = None,
     local_addr: str | None = None,
 ) -> int:
     """Run this node's part of the stage; returns the launcher's exit code (the agent's own failure: its exit
-    code as a grpoflow error, after reporting it)."""
+    code as a grpoflow error, after reporting it). ``manifest_digest`` (from the launcher, not from MLflow)
+    decides which of the run's files this node trusts."""
     artifacts = StageArtifacts(tracking_uri, stage_run_id)
     started = time.time()
     node_dir = workdir / f"node-{node}"
@@ -166,8 +200,9 @@ def run_agent(
     launch_dir.mkdir(parents=True, exist_ok=True)
     returncode, agent_error = 1, None
     try:
-        request = artifacts.fetch_json(REQUEST)
-        config, request_path = prepare_node(request, artifacts, node, node_dir)
+        verified = VerifiedInputs(artifacts, manifest_digest, node)
+        request = verified.request
+        config, request_path = prepare_node(request, verified, node, node_dir)
         launch_dir = request_path.parent
         host, port = rendezvous_from_environment(request)
         placement = NodePlacement(request["nodes"], node, rendezvous_host or host, port)
@@ -202,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpoflow node-agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracking-uri", required=True, help="The MLflow tracking server every node reaches.")
     parser.add_argument("--stage-run", required=True, help="The stage's MLflow run id (its launch request).")
+    parser.add_argument(
+        "--manifest", required=True, help="The digest of the stage's sealed manifest (the launcher writes it)."
+    )
     parser.add_argument("--node-rank", type=int, default=None, help="Default: from Slurm's or Kubeflow's settings.")
     parser.add_argument("--rendezvous-host", default=None, help="Node 0's address (default: the request's).")
     parser.add_argument("--local-addr", default=None, help="This node's own address (torchrun's --local-addr).")
@@ -214,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"grpoflow-node-{node}-"))
     try:
-        return run_agent(args.tracking_uri, args.stage_run, node, workdir, args.rendezvous_host, args.local_addr)
+        return run_agent(
+            args.tracking_uri, args.stage_run, node, workdir, args.manifest, args.rendezvous_host, args.local_addr
+        )
     except GrpoflowError as exc:
         print(f"grpoflow node-agent: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -39,14 +39,15 @@ class NodeJob(Protocol):
     def cancel(self) -> None: ...
 
 
-def agent_command(tracking_uri: str, stage_run_id: str, node: int | None = None) -> list[str]:
+def agent_command(tracking_uri: str, stage_run_id: str, manifest: str, node: int | None = None) -> list[str]:
     """The node agent's command line (the node rank left to Slurm's or Kubeflow's settings when ``None``).
+    ``manifest`` is the digest of the stage's sealed manifest: the agent trusts no file its run holds without it.
 
-    >>> " ".join(agent_command("http://mlflow:5000", "abc", 1)[1:])
-    '-m tasks.training.nodes.agent --tracking-uri http://mlflow:5000 --stage-run abc --node-rank 1'
+    >>> " ".join(agent_command("http://mlflow:5000", "abc", "9f2c", 1)[1:])
+    '-m tasks.training.nodes.agent --tracking-uri http://mlflow:5000 --stage-run abc --manifest 9f2c --node-rank 1'
     """
     command = [sys.executable, "-m", "tasks.training.nodes.agent", "--tracking-uri", tracking_uri]
-    command += ["--stage-run", stage_run_id]
+    command += ["--stage-run", stage_run_id, "--manifest", manifest]
     return command + (["--node-rank", str(node)] if node is not None else [])
 
 

@@ -8,11 +8,13 @@ Must not import: Prefect (the stage task wraps this; a Prefect cancel reaches ``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,17 @@ from tasks.layout import ADAPTER, HOLDOUT_FILE
 from tasks.tracking import RUN_ID_TAG
 from tasks.training.launch import TrainingProcessError, reported_error
 from tasks.training.ledger import LEDGER_DIR
-from tasks.training.nodes.exchange import INPUTS, REQUEST, RESULT, StageArtifacts, model_digest, node_folder
+from tasks.training.nodes.exchange import (
+    INPUTS,
+    MANIFEST,
+    REQUEST,
+    RESULT,
+    Manifest,
+    StageArtifacts,
+    file_digests,
+    model_digest,
+    node_folder,
+)
 from tasks.training.nodes.launchers import LocalNodes, ManualNodes, NodeJob, agent_command
 from tasks.training.remote_checkpoints import clear, store_for
 from tasks.training.trainer import TrainResult
@@ -62,7 +74,8 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
         return LocalNodes(commands, launch_dir, processes_per_node=config.training_processes())
     if launcher == "manual":
         return ManualNodes(commands, launch_dir)
-    generic = agent_command(uri, commands[0][commands[0].index("--stage-run") + 1])  # node rank from the job
+    run_id, sealed = (commands[0][commands[0].index(flag) + 1] for flag in ("--stage-run", "--manifest"))
+    generic = agent_command(uri, run_id, sealed)  # the node rank from the job's settings
     if launcher == "slurm":
         from tasks.training.nodes.slurm import SlurmJob, job_name
 
@@ -82,24 +95,31 @@ def send_request(
     keep_ids: set[str] | None,
     checkpoint_store: dict[str, Any],
     restore_store: dict[str, Any] | None = None,
-) -> None:
-    """Upload the inputs and then the request (the agents fetch the request first: it must find its inputs).
-    The nodes copy checkpoints to ``checkpoint_store`` and resume from ``restore_store``'s newest (default: the
-    same store)."""
+) -> str:
+    """Upload the inputs, the request and last the manifest that seals them (the agents fetch the request first:
+    it must find its inputs). The nodes copy checkpoints to ``checkpoint_store`` and resume from
+    ``restore_store``'s newest (default: the same store). Returns the manifest's digest, which the agents get out of
+    band (their command line) and check every fetched file against."""
+    shipped_files: dict[str, str] = {}
+
+    def ship(local: Path, name: str) -> None:
+        shipped_files.update(file_digests(local, name))  # hashed before the upload: what this host holds
+        artifacts.put(local, name)
+
     source = config.model.source
     shipped = Path(source).expanduser().is_dir()  # a local folder: other machines may not have it
-    artifacts.put(train_path, f"{INPUTS}/{train_path.name}")
+    ship(train_path, f"{INPUTS}/{train_path.name}")
     holdout = train_path.with_name(HOLDOUT_FILE)  # GRPO's in-training evaluation reads it beside the train file
     ships_holdout = stage == "grpo" and bool(config.grpo.eval_steps) and holdout.is_file()
     if ships_holdout:
-        artifacts.put(holdout, f"{INPUTS}/{HOLDOUT_FILE}")
+        ship(holdout, f"{INPUTS}/{HOLDOUT_FILE}")
     if sft_adapter_dir is not None:
-        artifacts.put(sft_adapter_dir, f"{INPUTS}/sft-adapter")
+        ship(sft_adapter_dir, f"{INPUTS}/sft-adapter")
     if shipped:
-        artifacts.put(base_model_dir, f"{INPUTS}/base-model")
-    reward_modules = ship_reward_modules(artifacts, config)
+        ship(base_model_dir, f"{INPUTS}/base-model")
+    reward_modules = ship_reward_modules(ship, config)
     if config.orchestration.accelerate_config:
-        artifacts.put(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
+        ship(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
     request = {
         "stage": stage,
         "holdout_file": HOLDOUT_FILE if ships_holdout else None,
@@ -120,7 +140,11 @@ def send_request(
         "host": config.orchestration.rendezvous_host,
         "port": config.orchestration.rendezvous_port,
     }
-    artifacts.put_json(request, REQUEST)
+    request_bytes = json.dumps(request).encode()
+    artifacts.put_bytes(request_bytes, REQUEST)
+    manifest = Manifest({"request": hashlib.sha256(request_bytes).hexdigest(), "files": shipped_files})
+    artifacts.put_bytes(manifest.to_bytes(), MANIFEST)
+    return manifest.digest()
 
 
 def resume_source(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +180,7 @@ def reward_module_files(name: str, folder: Path) -> list[Path]:
     return [p for p in (folder / f"{top}.py", folder / top) if p.exists()]
 
 
-def ship_reward_modules(artifacts: StageArtifacts, config: PipelineConfig) -> list[int]:
+def ship_reward_modules(ship: Callable[[Path, str], None], config: PipelineConfig) -> list[int]:
     """Upload the module of every reward imported from a ``path`` folder (``launch/inputs/rewards/<index>/``): the
     other machines do not have this one's folders. Rewards importable without a path come with each node's
     install. Returns the indexes shipped."""
@@ -165,7 +189,7 @@ def ship_reward_modules(artifacts: StageArtifacts, config: PipelineConfig) -> li
         if ":" not in spec.name or spec.path is None:
             continue
         for local in reward_module_files(spec.name, Path(spec.path)):
-            artifacts.put(local, f"{INPUTS}/rewards/{index}/{local.name}")
+            ship(local, f"{INPUTS}/rewards/{index}/{local.name}")
         shipped.append(index)
     return shipped
 
@@ -256,9 +280,11 @@ def train_on_nodes(
     }
     store = {**store, "stage": stage, "nodes": nodes}
     restore = resume_source(stage_run, store)
-    send_request(artifacts, stage, config, train_path, base_model_dir, sft_adapter_dir, keep_ids, store, restore)
-    stage_run.set_tags({"nodes": nodes, "launcher": config.orchestration.launcher})
-    commands = [agent_command(uri, stage_run.run_id, node) for node in range(nodes)]
+    sealed = send_request(
+        artifacts, stage, config, train_path, base_model_dir, sft_adapter_dir, keep_ids, store, restore
+    )
+    stage_run.set_tags({"nodes": nodes, "launcher": config.orchestration.launcher, "launch_manifest": sealed})
+    commands = [agent_command(uri, stage_run.run_id, sealed, node) for node in range(nodes)]
     launch_dir = Path(stage_run.dir) / "launch"
     job = job_for(config, commands, launch_dir, Path(stage_run.dir).parent.name, uri)
     started = time.perf_counter()

@@ -21,6 +21,7 @@ from tasks.training.nodes.kubeflow import train_job
 from tasks.training.nodes.slurm import sbatch_script
 
 AGENT = [sys.executable, "-m", "tasks.training.nodes.agent", "--tracking-uri", "http://m:5000", "--stage-run", "r"]
+AGENT += ["--manifest", "0" * 64]
 
 
 def test_one_node_keeps_the_single_machine_command_and_two_add_the_machine_flags() -> None:
@@ -168,7 +169,8 @@ def test_the_agent_takes_its_rank_and_rendezvous_from_the_launcher() -> None:
 def test_the_node_agent_without_a_rank_is_one_line_and_exit_2() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_PROCID", "PET_NODE_RANK", "GRPOFLOW_NODE_RANK")}
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "node-agent", "--tracking-uri", "http://127.0.0.1:9", "--stage-run", "x"],
+        [sys.executable, "-m", "flows.cli", "node-agent", "--tracking-uri", "http://127.0.0.1:9", "--stage-run", "x"]
+        + ["--manifest", "0" * 64],
         capture_output=True,
         text=True,
         env=env,
