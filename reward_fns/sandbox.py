@@ -213,7 +213,7 @@ class Sandbox:
         self._available = threading.Semaphore(self.workers)
         self._all: set[_Worker] = set()
         atexit.register(self.close)
-        logger.info("sandbox: %s, %d workers", self.describe(), self.workers)
+        logger.debug("sandbox: %s, %d workers", self.describe(), self.workers)
 
     def describe(self) -> str:
         """One line for logs and run tags, e.g. ``bwrap private root + cgroup pids + uid drop``."""
