@@ -39,13 +39,25 @@ class JudgeServer:
         command = [grpoflow, "vllm-serve", str(REPO / "configs" / "tiny.yaml"), "--port", str(self.port)]
         command += ["--judge", "tiny-random-h32", "--set", "model.precision=fp32"]
         command += ["--set", "grpo.generation.vllm_max_model_len=1024"]  # a character a token: room for the rubric
+        # The judge's key from a file, and no key variable anywhere: the printed args must name the file, and every
+        # verdict below (the pipeline's included) is asked with the key read from it.
+        key_file = log.with_name("judge-api-key")
+        key_file.write_text("judge-file-key-5e1d\n")
+        command += ["--api-key-file", str(key_file)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_API_KEY")}
         with log.open("ab") as handle:
-            self.process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
         from tasks.models import VllmServerClient
 
-        VllmServerClient(f"http://127.0.0.1:{self.port}").wait_until_up(240, alive=lambda: self.process.poll() is None)
+        client = VllmServerClient(f"http://127.0.0.1:{self.port}", api_key="judge-file-key-5e1d")
+        client.wait_until_up(240, alive=lambda: self.process.poll() is None)
         printed = re.search(r"llm_judge args: (\{.*?\})", " ".join(log.read_text().split()))
         self.args = json.loads(printed[1])
+        assert self.args["api_key_file"] == str(key_file.resolve()) and "api_key_env" not in self.args
+        unkeyed = httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", json={}, timeout=30)
+        assert unkeyed.status_code == 401  # the server wants the key the judge reads from the file
 
     def requests(self) -> float:
         """Requests the server finished, from its own Prometheus counter."""
