@@ -115,11 +115,12 @@ def vllm_serve(
     import subprocess
     from urllib.parse import urlparse
 
+    from reward_fns.judges.settings import is_loopback
     from tasks.errors import UserError
     from tasks.models import resolve_model_source, vllm_installed
     from tasks.models.sampling import pipeline_server_command
     from tasks.models.vllm_engine import INSTALL_HINT
-    from tasks.models.vllm_server import api_key_from_environment, is_loopback
+    from tasks.models.vllm_server import api_key_from_environment
 
     cfg = config_from(config, set_, config_option)
     environ = {**os.environ, **({"VLLM_API_KEY_FILE": str(api_key_file)} if api_key_file else {})}
@@ -150,7 +151,7 @@ def vllm_serve(
             judge_args |= (
                 {"api_key_file": str(Path(key_file).resolve())} if key_file else {"api_key_env": "VLLM_API_KEY"}
             )
-            if reachable != "127.0.0.1" and not is_loopback(reachable):
+            if not is_loopback(reachable):
                 judge_args["allow_key_over_http"] = True  # vLLM serves plain http: said below
         console.print(f"llm_judge args: {json.dumps(judge_args)}", soft_wrap=True)
         if judge_args.get("allow_key_over_http"):

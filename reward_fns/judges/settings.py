@@ -32,6 +32,20 @@ def redact_credentials(text: str) -> str:
     return _USERINFO.sub(r"\1***@", text)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether only this host reaches ``host``.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0"), is_loopback("10.0.0.5")
+    (True, True, False, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def is_loopback_url(url: str) -> bool:
     """Whether ``url`` names this machine (a key sent there never crosses a network).
 
@@ -40,13 +54,7 @@ def is_loopback_url(url: str) -> bool:
     >>> is_loopback_url("http://judge.internal:8001/v1")
     False
     """
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(url).hostname or "")
 
 
 def read_key_file(path: str | os.PathLike[str], what: str) -> str:

@@ -54,22 +54,6 @@ def api_key_from_environment(environ: dict[str, str] | None = None) -> str | Non
     return environ.get("VLLM_API_KEY") or None
 
 
-def is_loopback(host: str) -> bool:
-    """Whether only this host reaches ``host``.
-
-    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("0.0.0.0"), is_loopback("10.0.0.5")
-    (True, True, False, False)
-    """
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def server_command(
     model_dir: Path,
     *,
