@@ -190,7 +190,7 @@ def check_reward_canaries(config: PipelineConfig, stage_dir: Path) -> dict[str, 
 def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     """Check the rewards on their canaries; load, normalize, check, quarantine and split; writes train / holdout /
     quarantine JSONL and a report."""
-    sandbox = checked_sandbox() if config.data.kind == "code" else ""  # before any compute
+    sandbox = checked_sandbox() if runs_model_code(config) else ""  # before any compute
     check_reward_canaries(config, stage_dir)
     toolbox, tool_report = check_tools(config, stage_dir)
     raw_rows = load_rows(config.data, config.seed)
@@ -218,7 +218,7 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         holdout_digest=fingerprint(holdout),
         columns=sorted({key for row in kept for key in row}),
         tools=tool_report,
-        sandbox=sandbox or tool_report.get("sandbox", ""),
+        sandbox=sandbox,
     )
     if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
         raise RuntimeError(
@@ -233,6 +233,14 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     report = {**result.to_json(), "great_expectations": gx_summary}
     write_atomically(result.report_path, json.dumps(report, indent=2, ensure_ascii=True))
     return result
+
+
+def runs_model_code(config: PipelineConfig) -> bool:
+    """Whether the run executes model-written code: a code reward, or the built-in python tool."""
+    from tasks.config import PYTHON_TOOL
+
+    python_tool = config.tools.enabled and any(spec.name == PYTHON_TOOL for spec in config.tools.use)
+    return config.data.kind == "code" or python_tool
 
 
 def checked_sandbox() -> str:
@@ -250,18 +258,15 @@ def checked_sandbox() -> str:
 
 def check_tools(config: PipelineConfig, stage_dir: Path) -> tuple[Any, dict[str, Any]]:
     """With tools: build them (ToolError names a tool TRL cannot describe) and run their canaries
-    (``tool_canaries.json``; ToolCanaryFailed); (None, {}) without. Code tools need an isolated sandbox first."""
+    (``tool_canaries.json``; ToolCanaryFailed); (None, {}) without. ``run_validate`` checks the sandbox first."""
     if not config.tools.enabled:
         return None, {}
-    from tasks.config import PYTHON_TOOL
     from tasks.environments import Toolbox, tool_canaries
 
-    sandbox = checked_sandbox() if any(spec.name == PYTHON_TOOL for spec in config.tools.use) else ""
     toolbox = Toolbox(config.tools)
     stage_dir.mkdir(parents=True, exist_ok=True)
     report = tool_canaries(toolbox, stage_dir / "tool_canaries.json")
-    report = {"tools": toolbox.describe(), "canaries": len(report["cases"]), "unchecked": report["unchecked"]}
-    return toolbox, report | ({"sandbox": sandbox} if sandbox else {})
+    return toolbox, {"tools": toolbox.describe(), "canaries": len(report["cases"]), "unchecked": report["unchecked"]}
 
 
 def quarantine_unknown_tools(kept: list[dict[str, Any]], quarantined: list[dict[str, Any]], names: list[str]) -> list:
