@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# The only environment variables a judge may read its key from; the node launchers pass these (and no others) to
-# the nodes, so a config in a shared experiment cannot make a node send any other variable as a Bearer header.
+# The only environment variables a judge may read its key from: a config in a shared experiment cannot make a node
+# send any other of its variables as a Bearer header.
 JUDGE_KEY_VARIABLES = ("GRPOFLOW_JUDGE_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
 
