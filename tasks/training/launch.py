@@ -29,6 +29,7 @@ from typing import Any
 from tasks.config import PipelineConfig
 from tasks.errors import InfrastructureError
 from tasks.layout import CHECKPOINTS
+from tasks.training.threads import rank_threads
 from tasks.training.trainer import TrainResult, resumable_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -143,7 +144,8 @@ def train_on_processes(
     processes = config.training_processes()
     logger.info("%s on %d processes: %s", stage, processes, " ".join(command[1:]))
     started = time.perf_counter()
-    returncode = run_forwarding_log(command, launch_dir / "ranks.log")
+    threads = {"OMP_NUM_THREADS": str(rank_threads(processes))}  # named: never what this process set before
+    returncode = run_forwarding_log(command, launch_dir / "ranks.log", env=threads)
     (launch_dir / "exit.json").write_text(json.dumps({"returncode": returncode}))
     finished = (launch_dir / "result.json").is_file() and not list(launch_dir.glob("rank-*.error.json"))
     if returncode != 0 and not finished:

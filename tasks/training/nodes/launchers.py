@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from tasks.training.threads import rank_threads
+
 logger = logging.getLogger(__name__)
 
 # The sandbox's user-id claims are the host's (user ids are), so every node on one host shares this folder.
@@ -114,10 +116,8 @@ class LocalNodes:
         self, commands: list[list[str]], launch_dir: Path, isolate: bool | None = None, processes_per_node: int = 1
     ) -> None:
         self.commands, self.launch_dir = commands, launch_dir
-        # The host's cores shared among every rank of every node (torch's threads spin while they wait), unless
-        # the environment says how many.
-        share = max(1, (os.cpu_count() or 1) // (len(commands) * processes_per_node))
-        self.threads = os.environ.get("OMP_NUM_THREADS", str(share))
+        # This process's threads shared among every rank of every node (torch's threads spin while they wait).
+        self.threads = str(rank_threads(len(commands) * processes_per_node))
         self.isolated = shutil.which("bwrap") is not None if isolate is None else isolate
         self.processes: list[subprocess.Popen[str]] = []
         self.readers: list[threading.Thread] = []
