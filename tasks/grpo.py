@@ -15,19 +15,15 @@ from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, rewa
 from tasks.config import PipelineConfig
 from tasks.environments import pipeline_tools
 from tasks.evaluation import verdict_cache
+from tasks.grpo_reports import report_selection, report_stop, tool_tags
 from tasks.inputs import prompt_messages, read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,
     CHECKPOINTS,
-    HANDOFF_GRPO_ADAPTER,
-    HANDOFF_SFT_ADAPTER,
-    HANDOFF_TRAIN,
-    HOLDOUT_FILE,
-    RemoteGrpoRequest,
 )
 from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_backend
 from tasks.speedups import speedups_on
-from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task, tracked_stage
+from tasks.tracking import Tracker, prefect_task, tracked_stage
 from tasks.training import (
     LEDGER_DIR,
     CheckpointMirror,
@@ -41,7 +37,6 @@ from tasks.training import (
     RewardNoneLimitExceeded,
     SamplerAgreement,
     SamplerAgreementGuard,
-    Selection,
     SignalStateSaver,
     SignalStop,
     TrainResult,
@@ -54,7 +49,6 @@ from tasks.training import (
     select_adapter,
     slice_for,
     store_for,
-    tool_generation,
     train_and_save,
     train_on_processes,
     vllm_setup,
@@ -277,116 +271,3 @@ def grpo_task(
         if result.stop:
             report_stop(stage, tracker.run_id, result.stop)
         return result
-
-
-def tool_tags(config: PipelineConfig, trainer_class: type) -> dict[str, str]:
-    """The GRPO stage run's tags of tool use: the tools, their per-rollout limits, what samples their turns."""
-    if not config.tools.enabled:
-        return {}
-    tools = config.tools
-    limits = f"{tools.max_turns} rounds, {tools.max_calls} calls, {tools.max_seconds:g} s, {tools.max_output_bytes} B"
-    return {
-        "grpo.tools": ", ".join(spec.name for spec in tools.use),
-        "grpo.tool_limits": f"{limits} per rollout",
-        "grpo.tool_generation": tool_generation(trainer_class, pipeline_backend(config)),
-    }
-
-
-def report_selection(stage: Any, result: TrainResult) -> None:
-    """Which step's adapter GRPO handed on and why (``selection.json`` in the stage folder, where promotion's
-    audit reads it; tags), and what the in-training evaluation cost (its seconds and share of the stage)."""
-    selection = result.selection or {}
-    write_selection(stage.dir, Selection(**selection))
-    stage.set_tags(
-        {
-            "grpo.select": selection["select"],
-            "grpo.selected_step": selection["step"],
-            "grpo.selection": selection["reason"][:4000],
-        }
-    )
-    metrics: dict[str, float] = {"selected_step": selection["step"]}
-    if result.holdout_seconds:
-        metrics |= {
-            "holdout_seconds": result.holdout_seconds,
-            "holdout_share": result.holdout_seconds / max(result.seconds, 1e-9),
-        }
-    stage.log_metrics(metrics)
-
-
-def report_stop(stage: Any, run_id: str, verdict: dict[str, Any]) -> None:
-    """An early stop's verdict in the stage's MLflow run (tags, metrics), the run log and a Prefect event."""
-    from tasks.tracking import emit_pipeline_event, publish_markdown
-
-    stage.set_tags({"grpo.stopped": verdict["cause"], "grpo.stop_verdict": verdict["message"][:4000]})
-    stage.log_metrics({"stopped_at_step": verdict["step"]})
-    publish_markdown("grpo-stopped", f"### GRPO stopped early at step {verdict['step']}\n{verdict['message']}\n")
-    emit_pipeline_event("grpo-stopped", run_id, verdict)
-
-
-@prefect_task("grpo-deployment")
-def remote_grpo_task(
-    config: PipelineConfig,
-    tracker: Tracker,
-    train_path: Path,
-    base_model_dir: Path,
-    sft_adapter_dir: Path | None,
-    keep_ids: set[str] | None = None,
-) -> TrainResult:
-    """GRPO as its own Prefect deployment (``orchestration.grpo_deployment``, e.g. on a GPU work pool): the
-    training file and the SFT adapter go up to the MLflow artifact store, the deployment trains in its own
-    MLflow stage run under this pipeline's parent run, and the adapter comes back the same way. The worker
-    resolves the base model itself (``base_model_dir`` is this machine's path)."""
-    from prefect.deployments import run_deployment
-
-    handoff_upload(tracker, train_path, HANDOFF_TRAIN)
-    if config.grpo.eval_steps and train_path.with_name(HOLDOUT_FILE).is_file():  # the in-training evaluation's
-        handoff_upload(tracker, train_path.with_name(HOLDOUT_FILE), HANDOFF_TRAIN)
-    if sft_adapter_dir is not None:
-        handoff_upload(tracker, sft_adapter_dir, HANDOFF_SFT_ADAPTER)
-    request = RemoteGrpoRequest(
-        config=config.model_dump(mode="json"),
-        run_id=tracker.run_id,
-        tracking_uri=tracker.tracking_uri,
-        experiment_id=tracker.experiment_id,
-        parent_run_id=tracker.parent_run_id,
-        train_file=train_path.name,
-        has_sft_adapter=sft_adapter_dir is not None,
-        keep_ids=sorted(keep_ids) if keep_ids is not None else None,
-    )
-    name = config.orchestration.grpo_deployment
-    flow_run = run_deployment(
-        name,
-        parameters=request.parameters(),
-        flow_run_name=f"{tracker.run_id}-grpo",
-        timeout=config.orchestration.grpo_deployment_timeout_s,
-    )
-    state = flow_run.state
-    if state is None or not state.is_completed():
-        detail = f"{state.name}: {state.message}" if state else "no state (timed out waiting)"
-        raise RuntimeError(f"GRPO deployment {name!r} (flow run {flow_run.id}) did not complete: {detail}")
-    adapter_dir = handoff_download(
-        tracker.tracking_uri, tracker.parent_run_id, HANDOFF_GRPO_ADAPTER, tracker.layout.stage_dir("grpo")
-    )
-    runs = tracker.stage_runs("grpo")
-    metrics = runs[-1].data.metrics if runs else {}
-    tags = runs[-1].data.tags if runs else {}
-    stop = None
-    if "grpo.stopped" in tags:  # the deployment reported its early stop in its stage run
-        stop = {
-            "cause": tags["grpo.stopped"],
-            "step": int(metrics.get("stopped_at_step", 0)),
-            "message": tags.get("grpo.stop_verdict", ""),
-            "numbers": {},
-        }
-    steps, seconds = int(metrics.get("train_steps", 0)), float(metrics.get("train_seconds", 0.0))
-    selection = None
-    if "grpo.select" in tags:  # the deployment reported which step's adapter it handed back
-        step = int(metrics.get("selected_step", steps))
-        selection = Selection(tags["grpo.select"], step, steps, reason=tags.get("grpo.selection", "")).to_json()
-    return TrainResult(adapter_dir, steps, seconds, stop=stop, selection=selection)
-
-
-def grpo_task_for(config: PipelineConfig) -> Any:
-    """The GRPO task this config runs: on this worker, or as the deployment ``orchestration.grpo_deployment``
-    (both take the same arguments)."""
-    return remote_grpo_task if config.orchestration.grpo_deployment else grpo_task
