@@ -25,6 +25,7 @@ from tasks.models import engine_name, load_policy, load_tokenizer, pipeline_back
 from tasks.speedups import speedups_on
 from tasks.tracking import Tracker, prefect_task, tracked_stage
 from tasks.training import (
+    HOLDOUT_SCORES_FILE,
     LEDGER_DIR,
     CheckpointMirror,
     HoldoutEvaluation,
@@ -122,8 +123,15 @@ def run_grpo(
         summary = {**tool_tags(config, trainer_class), "template": tools[1].describe()}
         logger.info("GRPO %s", "; ".join(f"{key.removeprefix('grpo.')}: {value}" for key, value in summary.items()))
     ledger = LedgerRecorder(stage_dir / LEDGER_DIR)
-    holdout = HoldoutEvaluation(config, base_model_dir, eval_rows, ledger) if eval_rows else None
-    patience = HoldoutPatience(settings.eval_metric, settings.eval_patience)
+    scores_file = stage_dir / HOLDOUT_SCORES_FILE
+    if resume_from is None:
+        scores_file.unlink(missing_ok=True)  # a fresh run's evaluations only
+    resume_step = int(resume_from.name.rsplit("-", 1)[-1]) if resume_from else None
+    holdout = (
+        HoldoutEvaluation(config, base_model_dir, eval_rows, ledger, scores_file, resume_step) if eval_rows else None
+    )
+    per_prompt = holdout.per_prompt if holdout else {}
+    patience = HoldoutPatience(settings.eval_metric, settings.eval_patience, settings.eval_margin, per_prompt)
     ledger_writer = LedgerCallback(
         ledger,
         settings.ledger_flush_steps,
@@ -200,7 +208,9 @@ def run_grpo(
             )
     selection = None
     if trainer.is_world_process_zero():
-        selection = select_adapter(config, recorder.history, steps, stage_dir / CHECKPOINTS, stage_dir / ADAPTER)
+        selection = select_adapter(
+            config, recorder.history, steps, stage_dir / CHECKPOINTS, stage_dir / ADAPTER, per_prompt
+        )
         write_selection(stage_dir, selection)
     verdict = signal_stop.verdict or patience.verdict
     return TrainResult(

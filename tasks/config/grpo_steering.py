@@ -37,11 +37,18 @@ class GRPOSteeringSettings(Strict):
     select: Literal["last", "best"] = Field(
         "last",
         description="The adapter GRPO hands to evaluation and promotion: the last step's, or the checkpoint with the "
-        "highest in-training score (ties: the earlier; needs eval_steps; every evaluation step is then a checkpoint, "
-        "also with checkpoint_steps 0).",
+        "best in-training score (the earliest, unless a later one beats it beyond eval_margin; needs eval_steps; "
+        "every evaluation step is then a checkpoint, also with checkpoint_steps 0).",
     )
     eval_patience: int = Field(
         0, ge=0, description="Stop when the score has not improved for this many evaluations in a row (0: never)."
+    )
+    eval_margin: float = Field(
+        1.0,
+        ge=0,
+        description="How much better an evaluation must be to count as an improvement, for select: best and "
+        "eval_patience: more than this many standard errors of its paired per-prompt difference from the earlier "
+        "(the slice's noise: 32 prompts × 2 samples is ±0.03–0.07 on pass@1); 0: any higher score.",
     )
 
 

@@ -18,6 +18,7 @@ _EXPORTS = {
     "HoldoutEvaluation": "holdout",
     "HoldoutEvaluationMixin": "holdout",
     "HoldoutPatience": "holdout",
+    "HOLDOUT_SCORES_FILE": "holdout",
     "Selection": "holdout",
     "final_holdout_rows": "holdout",
     "holdout_trainer_args": "holdout",

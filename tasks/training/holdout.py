@@ -10,7 +10,9 @@ rotation, and a resumed run keeps the history. The samples go to the rollout led
 turning the evaluation on does not change the adapter.
 
 ``select_adapter`` hands on the last adapter or the best checkpoint's (``grpo.select``); ``HoldoutPatience`` stops
-training when the score has not improved for ``grpo.eval_patience`` evaluations.
+training when the score has not improved for ``grpo.eval_patience`` evaluations. Both read the slice's noise: an
+evaluation counts as better only when it beats the earlier by more than ``grpo.eval_margin`` standard errors of
+their paired per-prompt difference (``clearly_better``).
 Must not import: Prefect, MLflow, tasks.registry (the stage's callbacks report)."""
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "eval_holdout_"
 SELECTION_FILE = "selection.json"
+HOLDOUT_SCORES_FILE = "holdout-scores.json"  # each evaluation's per-prompt scores
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -80,11 +83,12 @@ def slice_for(train_path: Path, config: Any) -> list[dict[str, Any]]:
 
 def holdout_trainer_args(config: Any) -> dict[str, Any]:
     """The ``GRPOConfig`` arguments of the in-training evaluation (none when ``grpo.eval_steps`` is 0): transformers
-    evaluates every ``eval_steps`` and keeps the best step by ``eval_holdout_<eval_metric>``.
+    evaluates every ``eval_steps`` and keeps the checkpoint of ``select: best``'s pick (``pick_evaluation``) by the
+    step it reports.
 
     >>> from types import SimpleNamespace as N
     >>> holdout_trainer_args(N(grpo=N(eval_steps=5, eval_metric="reward", num_generations=8)))["metric_for_best_model"]
-    'holdout_reward'
+    'holdout_selected_step'
     """
     settings = config.grpo
     if not settings.eval_steps:
@@ -92,7 +96,7 @@ def holdout_trainer_args(config: Any) -> dict[str, Any]:
     return {
         "eval_strategy": "steps",
         "eval_steps": settings.eval_steps,
-        "metric_for_best_model": f"holdout_{settings.eval_metric}",
+        "metric_for_best_model": "holdout_selected_step",  # the pick's step: it rises only when the pick moves
         "greater_is_better": True,
         "per_device_eval_batch_size": settings.num_generations,  # TRL's check; our evaluation batches its own way
     }
@@ -101,10 +105,29 @@ def holdout_trainer_args(config: Any) -> dict[str, Any]:
 class HoldoutEvaluation:
     """What one in-training evaluation needs: the slice, the pipeline's settings and base model, the ledger."""
 
-    def __init__(self, config: Any, base_model_dir: Path, rows: list[dict[str, Any]], ledger: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        base_model_dir: Path,
+        rows: list[dict[str, Any]],
+        ledger: Any = None,
+        scores_file: Path | None = None,
+        resume_step: int | None = None,
+    ) -> None:
         self.config, self.base_model_dir, self.rows, self.ledger = config, base_model_dir, rows, ledger
         self.keeps_best = config.grpo.select == "best"
         self.seconds = 0.0
+        # Each evaluation's per-prompt score of grpo.eval_metric, by step: the paired noise that selection and
+        # patience read. Kept in the stage folder so a resumed run has the steps up to its checkpoint.
+        self.scores_file = scores_file
+        kept = read_per_prompt(scores_file).items()
+        self.per_prompt: dict[int, list[float]] = {
+            s: v for s, v in kept if resume_step is not None and s <= resume_step
+        }
+        # The pick so far (pick_evaluation), reported as eval_holdout_selected_step: transformers keeps the checkpoint
+        # of its highest value out of the rotation, which is then the pick's, not the plain maximum's.
+        means = [(step, sum(values) / len(values)) for step, values in sorted(self.per_prompt.items()) if values]
+        self.pick = pick_evaluation(means, self.per_prompt, config.grpo.eval_margin)
 
     def score(self, trainer: Any, step: int, state_dict: dict[str, Any] | None = None) -> dict[str, float]:
         """Sample the slice with the trainer's policy as it is now (``state_dict``: its weights as the trainer's
@@ -116,6 +139,10 @@ class HoldoutEvaluation:
         with torch.random.fork_rng(devices=devices):  # the training random stream is left as it was
             greedy, sampled, backend = self._sample(trainer, step, state_dict)
         metrics = self._metrics(greedy, sampled, backend, step)
+        candidate = (step, metrics[self.config.grpo.eval_metric])
+        if self.pick is None or improves(candidate, self.pick, self.per_prompt, self.config.grpo.eval_margin):
+            self.pick = candidate
+        metrics["selected_step"] = float(self.pick[0])
         seconds = time.perf_counter() - started
         self.seconds += seconds
         metrics["seconds"] = seconds
@@ -159,11 +186,15 @@ class HoldoutEvaluation:
             ):
                 rows = sample_rows(role, self.rows, completions, scored["per_function"], scored["total"], backend)
                 self.ledger.add({**row, "step": step} for row in rows)
-        return {
-            "pass_at_1": float(sampled_scores["correct"].mean()),
-            "greedy_accuracy": float(greedy_scores["correct"][:, 0].mean()),
-            "reward": float(sampled_scores["total"].mean()),
+        per_prompt = {
+            "pass_at_1": sampled_scores["correct"].mean(axis=1),
+            "greedy_accuracy": greedy_scores["correct"][:, 0],
+            "reward": sampled_scores["total"].mean(axis=1),
         }
+        self.per_prompt[step] = [float(v) for v in per_prompt[self.config.grpo.eval_metric]]
+        if self.scores_file is not None:
+            self.scores_file.write_text(json.dumps({str(k): v for k, v in sorted(self.per_prompt.items())}))
+        return {name: float(values.mean()) for name, values in per_prompt.items()}
 
 
 class HoldoutEvaluationMixin:
@@ -185,10 +216,12 @@ class HoldoutEvaluationMixin:
         # Every rank takes part in gathering the weights, as transformers' save_model does: under DeepSpeed ZeRO-3 a
         # rank holds a shard, and the first process saving alone would write empty tensors.
         state = self.accelerator.get_state_dict(self.model) if self.accelerator.num_processes > 1 else None
-        numbers = [self.holdout.score(self, step, state) if self.accelerator.is_main_process else None]
-        if self.accelerator.num_processes > 1:
+        main = self.accelerator.is_main_process
+        numbers = [(self.holdout.score(self, step, state), self.holdout.per_prompt[step]) if main else None]
+        if self.accelerator.num_processes > 1:  # every rank's patience reads the same scores and noise
             broadcast_object_list(numbers, from_process=0)
-        metrics = {f"{metric_key_prefix}_holdout_{key}": value for key, value in numbers[0].items()}
+        scores, self.holdout.per_prompt[step] = numbers[0]
+        metrics = {f"{metric_key_prefix}_holdout_{key}": value for key, value in scores.items()}
         model = self.model
         was_training = model.training
         model.eval()  # TRL's log adds its per-mode metrics: in eval mode, the (empty) evaluation ones
@@ -209,9 +242,12 @@ class HoldoutPatience(TrainerCallback):
 
     replays_history = True  # tasks.training.trainer.replay_history hands it the metrics logged before a resume
 
-    def __init__(self, metric: str, patience: int) -> None:
-        self.key, self.patience = f"{PREFIX}{metric}", patience
-        self.best: float | None = None
+    def __init__(
+        self, metric: str, patience: int, margin: float = 0.0, per_prompt: dict[int, list[float]] | None = None
+    ) -> None:
+        self.key, self.patience, self.margin = f"{PREFIX}{metric}", patience, margin
+        self.per_prompt = per_prompt if per_prompt is not None else {}
+        self.best: tuple[int, float] | None = None
         self.since_best = 0
         self.verdict: StopVerdict | None = None
 
@@ -223,8 +259,9 @@ class HoldoutPatience(TrainerCallback):
         value = (logs or {}).get(self.key)
         if value is None:
             return
-        if self.best is None or value > self.best:
-            self.best, self.since_best = value, 0
+        step = state.global_step
+        if self.best is None or improves((step, value), self.best, self.per_prompt, self.margin):
+            self.best, self.since_best = (step, value), 0
             return
         self.since_best += 1
         if control is None or not self.patience or self.since_best < self.patience or self.verdict is not None:
@@ -233,10 +270,11 @@ class HoldoutPatience(TrainerCallback):
             cause="holdout_plateau",
             step=state.global_step,
             message=(
-                f"hold-out {self.key.removeprefix(PREFIX)} has not improved on {self.best:.4g} for {self.since_best} "
-                f"evaluations (grpo.eval_patience {self.patience}); stopped at step {state.global_step}"
+                f"hold-out {self.key.removeprefix(PREFIX)} has not improved on {self.best[1]:.4g} (step "
+                f"{self.best[0]}) by more than {self.margin:g} standard errors for {self.since_best} evaluations "
+                f"(grpo.eval_patience {self.patience}, grpo.eval_margin); stopped at step {state.global_step}"
             ),
-            numbers={"best": self.best, "last": float(value), "evaluations_since_best": self.since_best},
+            numbers={"best": self.best[1], "last": float(value), "evaluations_since_best": self.since_best},
         )
         logger.warning("GRPO stops early: %s", self.verdict.message)
         control.should_training_stop = True
@@ -268,24 +306,78 @@ def evaluations(history: Sequence[dict[str, float]], metric: str) -> list[tuple[
     return sorted(found.items())
 
 
-def best_evaluation(scores: Sequence[tuple[int, float]]) -> tuple[int, float] | None:
-    """The highest score's step; ties go to the earlier step.
+def clearly_better(later: Sequence[float], earlier: Sequence[float], margin: float) -> bool:
+    """Whether ``later`` (per-prompt scores) beats ``earlier`` (the same prompts, in the same order) by more than
+    ``margin`` standard errors of their paired difference; with ``margin`` 0, by any amount.
 
-    >>> best_evaluation([(5, 0.2), (10, 0.4), (15, 0.4)])
+    >>> clearly_better([1, 1, 0, 0], [0, 1, 0, 0], 1.0)  # +0.25, one standard error 0.25: not beyond it
+    False
+    >>> clearly_better([1, 1, 0, 0], [0, 0, 0, 0], 1.0)  # +0.5, one standard error 0.29
+    True
+    >>> clearly_better([1, 1, 0, 0], [0, 1, 0, 0], 0.0)
+    True
+    """
+    import numpy as np
+
+    difference = np.subtract(np.asarray(later, dtype=float), np.asarray(earlier, dtype=float))
+    error = difference.std(ddof=1) / np.sqrt(len(difference)) if len(difference) > 1 else 0.0
+    return bool(difference.mean() > 0 and difference.mean() > margin * error)
+
+
+def improves(
+    candidate: tuple[int, float], best: tuple[int, float], per_prompt: dict[int, list[float]], margin: float
+) -> bool:
+    """Whether the evaluation ``(step, score)`` ``candidate`` replaces ``best``: ``clearly_better`` on both steps'
+    per-prompt scores, or a plain higher score where either step's are unknown (a history from before them).
+
+    >>> improves((20, 0.5), (10, 0.25), {10: [0, 1, 0, 0], 20: [1, 1, 0, 0]}, 1.0)
+    False
+    >>> improves((20, 0.5), (10, 0.25), {}, 1.0)
+    True
+    """
+    if candidate[0] in per_prompt and best[0] in per_prompt:
+        return clearly_better(per_prompt[candidate[0]], per_prompt[best[0]], margin)
+    return candidate[1] > best[1]
+
+
+def pick_evaluation(
+    scores: Sequence[tuple[int, float]], per_prompt: dict[int, list[float]] | None = None, margin: float = 0.0
+) -> tuple[int, float] | None:
+    """The evaluation ``select: best`` hands on: the earliest, replaced in step order by each later one that
+    ``improves`` on it, so a later step wins only when it is better beyond the noise of the slice (with ``margin``
+    0 or no per-prompt scores: the highest score, ties to the earlier).
+
+    >>> pick_evaluation([(5, 0.2), (10, 0.4), (15, 0.4)])
     (10, 0.4)
+    >>> per_prompt = {10: [0, 0, 1, 0], 20: [0, 1, 1, 0], 30: [1, 1, 1, 0]}
+    >>> pick_evaluation([(10, 0.25), (20, 0.5), (30, 0.75)], per_prompt, 1.0)  # 20 is within step 10's noise
+    (30, 0.75)
     """
     best = None
     for step, score in scores:
-        if best is None or score > best[1]:
+        if best is None or improves((step, score), best, per_prompt or {}, margin):
             best = (step, score)
     return best
 
 
+def read_per_prompt(path: Path | None) -> dict[int, list[float]]:
+    """The per-prompt scores ``HoldoutEvaluation`` kept, by step (empty when there are none)."""
+    if path is None or not path.is_file():
+        return {}
+    return {int(step): values for step, values in json.loads(path.read_text()).items()}
+
+
 def select_adapter(
-    config: Any, history: Sequence[dict[str, float]], last_step: int, checkpoints_dir: Path, adapter_dir: Path
+    config: Any,
+    history: Sequence[dict[str, float]],
+    last_step: int,
+    checkpoints_dir: Path,
+    adapter_dir: Path,
+    per_prompt: dict[int, list[float]] | None = None,
 ) -> Selection:
-    """With ``grpo.select: best``, replace the adapter in ``adapter_dir`` by the best checkpoint's (its files as they
-    are: the bytes evaluation and promotion then read); either way, say which step went on and why."""
+    """With ``grpo.select: best``, replace the adapter in ``adapter_dir`` by the picked checkpoint's
+    (``pick_evaluation``; its files as they are: the bytes evaluation and promotion then read); either way, say which
+    step went on and why."""
     settings = config.grpo
     scores = evaluations(history, settings.eval_metric)
     last_score = dict(scores).get(last_step)
@@ -293,7 +385,8 @@ def select_adapter(
     if settings.select != "best" or not scores:
         reason = "grpo.select last" + ("" if settings.select == "last" else ": no in-training evaluation ran")
         return Selection(settings.select, last_step, last_step, settings.eval_metric, last_score, last_score, reason)
-    step, score = best_evaluation(scores)  # type: ignore[misc]
+    margin = settings.eval_margin
+    step, score = pick_evaluation(scores, per_prompt, margin)  # type: ignore[misc]
     if step != last_step:
         checkpoint = checkpoints_dir / f"checkpoint-{step}"
         if not all((checkpoint / name).is_file() for name in ADAPTER_FILES):
@@ -302,8 +395,9 @@ def select_adapter(
             shutil.copy2(checkpoint / name, adapter_dir / name)
     previous = ", ".join(f"{s}: {v:.4g}" for s, v in scores)
     reason = (
-        f"grpo.select best: {metric} {score:.4g} at step {step}, the highest of {len(scores)} evaluations "
-        f"({previous}); ties go to the earlier step"
+        f"grpo.select best: {metric} {score:.4g} at step {step} of {len(scores)} evaluations ({previous}); a later "
+        f"step replaces an earlier pick only when it beats it by more than {margin:g} standard errors of their "
+        f"paired per-prompt difference (grpo.eval_margin)"
     )
     logger.info("GRPO hands on the adapter of step %d of %d: %s", step, last_step, reason)
     return Selection("best", step, last_step, settings.eval_metric, score, last_score, reason)

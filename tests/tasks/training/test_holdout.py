@@ -43,6 +43,7 @@ def _config(tiny_config: PipelineConfig, **grpo) -> PipelineConfig:  # noqa: ANN
                 "learning_rate": 1e-2,
                 "eval_prompts": 8,
                 "eval_metric": "reward",
+                "eval_margin": 0.0,  # the plain maximum: this model's moves are within 8 prompts' noise
                 **grpo,
             },
         }
@@ -77,6 +78,10 @@ def test_best_hands_on_a_checkpoint_before_the_degradation_and_patience_stops(
     best = max(scores, key=lambda item: item[1])
     assert selection["step"] == next(step for step, score in scores if score == best[1])  # ties: the earlier
     assert json.loads((stage / "selection.json").read_text()) == selection
+    # Each evaluation's per-prompt scores (the noise selection reads) are kept, and their mean is the logged score.
+    per_prompt = {int(k): v for k, v in json.loads((stage / "holdout-scores.json").read_text()).items()}
+    assert sorted(per_prompt) == [step for step, _ in scores]
+    assert all(len(v) == 8 and abs(sum(v) / 8 - dict(scores)[k]) < 1e-9 for k, v in per_prompt.items())
     # The adapter handed on is the best checkpoint's, byte for byte; the rotation (keep 2) kept that checkpoint.
     checkpoint = stage / "checkpoints" / f"checkpoint-{selection['step']}"
     handed_on = (stage / "adapter" / "adapter_model.safetensors").read_bytes()
@@ -109,3 +114,54 @@ def test_the_adapter_is_the_same_with_the_evaluation_on_and_off(tiny_config, tin
         assert result.selection["select"] == "last" and result.selection["step"] == 3
         adapters.append((result.adapter_dir / "adapter_model.safetensors").read_bytes())
     assert adapters[0] == adapters[1]
+
+
+def _checkpoints(root, steps):  # noqa: ANN001, ANN202
+    for step in steps:
+        folder = root / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (folder / name).write_text(f"{name} of step {step}")
+    (root / "adapter").mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (root / "adapter" / name).write_text(f"{name} of step {steps[-1]}")
+
+
+def test_a_later_step_is_selected_only_when_it_is_better_beyond_the_slices_noise(tiny_config, tmp_path) -> None:
+    """The demo's own case: the evaluations rise 0.25 → 0.31 → 0.44 on 16 prompts, step 20 within step 10's paired
+    noise, step 30 beyond it. The plain maximum would hand on 30 for any rise; with grpo.eval_margin 1 step 20 does
+    not replace 10, step 30 does; with a margin of 3 neither does. Patience counts the within-noise rise as none."""
+    from types import SimpleNamespace
+
+    from tasks.training import HoldoutPatience, select_adapter
+
+    ten = [0.0] * 12 + [1.0] * 4
+    twenty = [1.0, 1.0] + [0.0] * 11 + [1.0] * 3  # two up, one down: +0.0625, one standard error 0.11
+    thirty = [0.0] * 9 + [1.0] * 7  # three more: +0.19 over step 10, standard error 0.10
+    per_prompt = {10: ten, 20: twenty, 30: thirty}
+    history = [{"step": s, "eval_holdout_reward": sum(v) / 16} for s, v in per_prompt.items()]
+
+    def selected(margin: float, root) -> int:  # noqa: ANN001
+        _checkpoints(root, [10, 20, 30])
+        settings = tiny_config.grpo.model_copy(
+            update={"select": "best", "eval_metric": "reward", "eval_margin": margin}
+        )
+        config = SimpleNamespace(grpo=settings)
+        selection = select_adapter(config, history, 30, root / "checkpoints", root / "adapter", per_prompt)
+        assert (root / "adapter" / "adapter_model.safetensors").read_text().endswith(f"step {selection.step}")
+        assert "grpo.eval_margin" in selection.reason
+        return selection.step
+
+    assert selected(1.0, tmp_path / "one") == 30
+    assert selected(3.0, tmp_path / "three") == 10
+    only_ten_and_twenty = {10: ten, 20: twenty}
+    history = history[:2]
+    assert selected(1.0, tmp_path / "within") == 10  # +0.0625 is not beyond one standard error (0.11)
+    assert selected(0.0, tmp_path / "plain") == 20  # the plain maximum reads the noise
+
+    patience = HoldoutPatience("reward", 1, margin=1.0, per_prompt=only_ten_and_twenty)
+    control = SimpleNamespace(should_training_stop=False)
+    for step in (10, 20):
+        logs = {"eval_holdout_reward": sum(only_ten_and_twenty[step]) / 16}
+        patience.on_log(None, SimpleNamespace(global_step=step), control, logs)
+    assert control.should_training_stop and patience.verdict.numbers["best"] == 0.25
