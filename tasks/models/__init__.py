@@ -18,6 +18,7 @@ _EXPORTS = {
     "export_merged": "loading",
     "load_base_model": "loading",
     "load_policy": "loading",
+    "KeptBase": "loading",
     "load_tokenizer": "loading",
     "attention_implementation": "precision",
     "compute_autocast": "precision",

@@ -6,6 +6,8 @@ torch/PEFT internals in ``tasks/speedups/``. Must not import: Prefect, MLflow.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,12 @@ def load_policy(
     from peft import PeftModel
 
     policy = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
-    if trainable:
-        return policy
+    return policy if trainable else inference_policy(policy, precision)
+
+
+def inference_policy(policy: Any, precision: str) -> Any:
+    """A PEFT ``policy`` made ready to sample at ``precision``: merged where merging is exact, else kept apart
+    (as a plain model of low-rank layers where the speedups' path applies, else PEFT's own)."""
     if merge_is_exact(precision):
         return policy.merge_and_unload()
     from tasks.speedups import speedups_on
@@ -64,6 +70,40 @@ def load_policy(
         if plain is not None:
             return plain
     return policy.eval()
+
+
+class KeptBase:
+    """A base model loaded once, on which adapter after adapter is put and taken off again, exactly: the
+    in-training hold-out samples each evaluation's adapter without reading and building the base again."""
+
+    def __init__(self, model_dir: Path | str) -> None:
+        self.model_dir = model_dir
+        self.model = load_base_model(model_dir)
+
+    @contextlib.contextmanager
+    def policy(self, adapter_dir: Path | str, precision: str = "fp32") -> Iterator[Any]:
+        """The policy of ``adapter_dir`` on the kept base (as ``load_policy`` gives it); on exit every adapted
+        layer is the base's own again, with its own weights (copied back where the adapter was merged in)."""
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+
+        policy = PeftModel.from_pretrained(self.model, str(adapter_dir))
+        layers = [
+            (name, module.base_layer) for name, module in self.model.named_modules() if isinstance(module, LoraLayer)
+        ]
+        weights = [layer.weight.detach().clone() for _, layer in layers] if merge_is_exact(precision) else []
+        try:
+            yield inference_policy(policy, precision)
+        finally:
+            with torch.no_grad():
+                for index, (name, layer) in enumerate(layers):
+                    parent_name, _, attribute = name.rpartition(".")
+                    setattr(self.model.get_submodule(parent_name) if parent_name else self.model, attribute, layer)
+                    if weights:
+                        layer.weight.copy_(weights[index])
+            for leftover in ("peft_config", "_hf_peft_config_loaded"):
+                if leftover in vars(self.model):
+                    delattr(self.model, leftover)
 
 
 def export_merged(base_source: str, adapter_dir: Path, destination: Path) -> Path:

@@ -17,6 +17,7 @@ Must not import: Prefect, MLflow, tasks.registry (the stage's callbacks report).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -117,6 +118,7 @@ class HoldoutEvaluation:
         self.config, self.base_model_dir, self.rows, self.ledger = config, base_model_dir, rows, ledger
         self.keeps_best = config.grpo.select == "best"
         self.seconds = 0.0
+        self._kept: Any = None  # the base model, loaded at the first evaluation (transformers' engine)
         # Each evaluation's per-prompt score of grpo.eval_metric, by step: the paired noise that selection and
         # patience read. Kept in the stage folder so a resumed run has the steps up to its checkpoint.
         self.scores_file = scores_file
@@ -160,18 +162,30 @@ class HoldoutEvaluation:
         policy = trainer.accelerator.unwrap_model(trainer.model)
         policy.save_pretrained(str(adapter_dir), state_dict=state_dict)  # PEFT keeps the adapter's part
         try:
-            sampler = policy_sampler(config, self.base_model_dir, adapter_dir, config.evaluation.batch_size)
-            prompts = [sampler.prompt_of(row, config.data.system_prompt) for row in self.rows]
-            settings = {"max_new_tokens": config.evaluation.max_new_tokens, "seed": config.seed}
-            sampling = {"n": config.grpo.eval_samples, "temperature": config.evaluation.temperature, **settings}
-            if hasattr(sampler, "sample_with_greedy"):
-                greedy, sampled = sampler.sample_with_greedy(prompts, **sampling)
-            else:
-                greedy = sampler.sample(prompts, greedy=True, **settings)
-                sampled = sampler.sample(prompts, **sampling)
+            with self._policy(adapter_dir) as model:
+                sampler = policy_sampler(config, self.base_model_dir, adapter_dir, config.evaluation.batch_size, model)
+                prompts = [sampler.prompt_of(row, config.data.system_prompt) for row in self.rows]
+                settings = {"max_new_tokens": config.evaluation.max_new_tokens, "seed": config.seed}
+                sampling = {"n": config.grpo.eval_samples, "temperature": config.evaluation.temperature, **settings}
+                if hasattr(sampler, "sample_with_greedy"):
+                    greedy, sampled = sampler.sample_with_greedy(prompts, **sampling)
+                else:
+                    greedy = sampler.sample(prompts, greedy=True, **settings)
+                    sampled = sampler.sample(prompts, **sampling)
         finally:
             shutil.rmtree(adapter_dir.parent, ignore_errors=True)
         return greedy, sampled, sampler.backend
+
+    def _policy(self, adapter_dir: Path) -> Any:
+        """The adapter on the base model this evaluation keeps loaded (transformers' engine; the first evaluation
+        loads it), as a context; None for vLLM, whose engine or server holds the base itself."""
+        from tasks.models import KeptBase, pipeline_backend
+
+        if pipeline_backend(self.config) == "vllm":
+            return contextlib.nullcontext(None)
+        if self._kept is None:
+            self._kept = KeptBase(self.base_model_dir)
+        return self._kept.policy(adapter_dir, self.config.model.precision)
 
     def _metrics(self, greedy: list[list[Any]], sampled: list[list[Any]], backend: str, step: int) -> dict[str, float]:
         from tasks.evaluation.scoring import score_groups

@@ -262,3 +262,37 @@ def test_bf16_inference_scores_the_model_the_trainer_scores_not_a_rounded_merge(
     assert (kept_apart - reference).abs().max() < 1e-2
     assert (merged - reference).abs().mean() > 4 * (kept_apart - reference).abs().mean()
     assert (merged - reference).abs().mean() > 0.5 * base_gap
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_kept_base_takes_adapter_after_adapter_and_gives_each_what_a_fresh_load_gives(
+    precision: str, tiny_model_dir: Path, tiny_adapter: Path, tmp_path: Path
+) -> None:
+    """The in-training hold-out keeps the base loaded and swaps adapters: each adapter on the kept base computes
+    what the base loaded afresh with it computes (merged in fp32, kept apart in bf16), and after each the base is
+    the base again, to the bit."""
+    import shutil
+
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from safetensors.torch import load_file, save_file
+
+    from tasks.models import KeptBase, compute_autocast, load_policy
+    from tasks.speedups.low_rank import LowRankLinear
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_adapter, other)
+    weights = load_file(other / "adapter_model.safetensors")
+    save_file({k: -2 * v if "lora_B" in k else v for k, v in weights.items()}, other / "adapter_model.safetensors")
+    ids = torch.randint(3, 90, (2, 16), generator=torch.Generator().manual_seed(1))
+    fresh_base = load_base_model(tiny_model_dir)
+    kept = KeptBase(tiny_model_dir)
+    with torch.no_grad(), compute_autocast(precision):
+        base_logits = fresh_base(input_ids=ids).logits
+        for adapter in (tiny_adapter, other, tiny_adapter):
+            with kept.policy(adapter, precision) as policy:
+                swapped = policy(input_ids=ids).logits
+            assert torch.equal(swapped, load_policy(tiny_model_dir, adapter, precision=precision)(input_ids=ids).logits)
+            assert not torch.equal(swapped, base_logits)
+            assert torch.equal(kept.model(input_ids=ids).logits, base_logits)
+            assert not any(isinstance(m, LoraLayer | LowRankLinear) for m in kept.model.modules())
