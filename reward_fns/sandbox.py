@@ -279,13 +279,13 @@ class Sandbox:
         self._available.release()
 
     def _run_once(self, job: SandboxJob) -> SandboxResult:
-        started = time.monotonic()
         limits = self.limits
         nonce = secrets.token_hex(16)
         try:
             worker = self._acquire()
         except OSError as exc:
             return SandboxResult("infrastructure", detail=f"cannot start the sandbox: {exc}")
+        started = time.monotonic()  # the run's own time: not the wait for a free worker (calls run side by side)
         payload = {
             "nonce": nonce,
             "program": job.program,

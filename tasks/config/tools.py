@@ -111,6 +111,13 @@ class ToolSettings(Strict):
     call_timeout_s: float = Field(
         10.0, gt=0, description="A user tool's time for one call (python's is its args.timeout_s): then an error."
     )
+    concurrent_calls: int = Field(
+        8,
+        ge=1,
+        description="Tool calls of different rollouts run at once, up to this many (a rollout's own calls run in "
+        "order; python's also wait for a sandbox worker); user tools' threads, those still running past "
+        "call_timeout_s included, stay at most twice this many per process: a call past that answers an error.",
+    )
     session: bool = Field(
         False,
         description="python: the calls of one rollout share their state (each call runs after the rollout's "

@@ -103,8 +103,10 @@ class RolloutTools:
             )
         return None
 
-    def _call(self, name: str, arguments: dict[str, Any], run: Callable[[], tuple[str, bool]]) -> str:
-        """Run one call within the rollout's limits and record it; raise (TRL answers the error) when it cannot."""
+    def _call(self, name: str, arguments: dict[str, Any], run: Callable[[], tuple[str, bool, float | None]]) -> str:
+        """Run one call within the rollout's limits and record it; raise (TRL answers the error) when it cannot.
+        ``run`` gives the answer, whether it failed, and the seconds the call's own work took where it knows them
+        (python: the sandbox run, not the wait for a worker other rollouts' calls hold); else the wall time counts."""
         refusal = self._refusal()
         if refusal is not None:
             error = ToolLimitReached(refusal)
@@ -112,14 +114,14 @@ class RolloutTools:
             raise error
         started = time.perf_counter()
         try:
-            text, failed = run()
+            text, failed, own = run()
         except Exception as error:
             seconds = time.perf_counter() - started
             self._seconds += seconds
             kind = "timeout" if isinstance(error, ToolTimeout) else "error"
             self.tool_calls.append(ToolRecord(name, arguments, error_answer(error), seconds, True, kind))
             raise
-        seconds = time.perf_counter() - started
+        seconds = time.perf_counter() - started if own is None else own
         self._seconds += seconds
         text = self._within_bytes(text)
         self.tool_calls.append(ToolRecord(name, arguments, text, seconds, failed, "error" if failed else "ok"))
@@ -136,13 +138,13 @@ class RolloutTools:
         self._bytes += min(len(data), max(left, 0))
         return text
 
-    def _run_python(self, code: str) -> tuple[str, bool]:
+    def _run_python(self, code: str) -> tuple[str, bool, float | None]:
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         answer = run_python(code, self._python, self._cells if self._settings.session else ())
         if answer.status == "passed":  # a cell that failed, ran out of time or memory is not replayed: it would again
             self._cells.append(code)
-        return answer.text, answer.failed
+        return answer.text, answer.failed, answer.seconds
 
 
 def python(self, code: str) -> str:  # noqa: ANN001 - no hint on self: the schema skips it
@@ -154,14 +156,41 @@ def python(self, code: str) -> str:  # noqa: ANN001 - no hint on self: the schem
     return self._call(PYTHON_TOOL, {"code": code}, lambda: self._run_python(code))
 
 
-def bounded(function: Callable[..., Any], arguments: dict[str, Any], timeout_s: float) -> Any:
+class ToolThreadsExhausted(RuntimeError):
+    """Every user-tool thread of this process is taken, by calls running or still running past their time limit."""
+
+
+_thread_slots: dict[int, threading.BoundedSemaphore] = {}
+_thread_slots_lock = threading.Lock()
+
+
+def tool_thread_slots(count: int) -> threading.BoundedSemaphore:
+    """The process's slots for user-tool threads, ``count`` of them (one semaphore per count, shared by every
+    rollout): a thread holds its slot until its tool returns, also after the caller gave up on it."""
+    with _thread_slots_lock:
+        return _thread_slots.setdefault(count, threading.BoundedSemaphore(count))
+
+
+def bounded(
+    function: Callable[..., Any],
+    arguments: dict[str, Any],
+    timeout_s: float,
+    slots: threading.BoundedSemaphore | None = None,
+) -> Any:
     """``function(**arguments)`` (awaited when it is async) in a daemon thread, abandoned at ``timeout_s``: a thread
-    cannot be killed, and a hung tool must hold up neither the rollout nor the process's exit.
+    cannot be killed, and a hung tool must hold up neither the rollout nor the process's exit. With ``slots``, the
+    thread takes one until the tool returns, and a call finding none free is refused: hung tools cannot pile up
+    threads without end.
 
     >>> bounded(lambda a, b: a + b, {"a": 2, "b": 3}, 1.0)
     5
     """
     outcome: dict[str, Any] = {}
+    if slots is not None and not slots.acquire(blocking=False):
+        raise ToolThreadsExhausted(
+            "too many user-tool calls are still running (earlier ones past their time limit, "
+            "tools.call_timeout_s); no new call until one ends"
+        )
 
     def call() -> None:
         try:
@@ -169,6 +198,9 @@ def bounded(function: Callable[..., Any], arguments: dict[str, Any], timeout_s: 
             outcome["value"] = asyncio.run(value) if inspect.isawaitable(value) else value
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
             outcome["error"] = error
+        finally:
+            if slots is not None:
+                slots.release()
 
     worker = threading.Thread(target=call, name="grpoflow-tool", daemon=True)
     worker.start()
@@ -185,8 +217,10 @@ def as_method(name: str, target: Callable[[RolloutTools], Callable[..., Any]], o
     signature (``self`` first), resolved type hints and docstring of ``original``: what TRL builds the schema from."""
 
     def method(self: RolloutTools, **arguments: Any) -> str:
-        timeout = self._settings.call_timeout_s
-        return self._call(name, arguments, lambda: (str(bounded(target(self), arguments, timeout)), False))
+        settings = self._settings
+        slots = tool_thread_slots(2 * settings.concurrent_calls)
+        timeout = settings.call_timeout_s
+        return self._call(name, arguments, lambda: (str(bounded(target(self), arguments, timeout, slots)), False, None))
 
     signature = inspect.signature(original)
     receiver = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,7 @@ class ToolSampler:
     def __init__(self, inner: Any, toolbox: Toolbox, template: ToolTemplate, max_turns: int, context: int) -> None:
         self.inner, self.toolbox, self.template = inner, toolbox, template
         self.max_turns, self.context = max_turns, context
+        self.concurrent_calls = toolbox.settings.concurrent_calls
         self.tokenizer = inner.tokenizer
         self.backend = inner.backend
 
@@ -191,8 +193,7 @@ class ToolSampler:
         """Run each live rollout's calls and append their answers (messages and ids); the rollouts that fit a next
         turn. A round whose answers would pass ``budget`` or the context length is taken back (TRL drops it too)."""
         fitting = []
-        for rollout in live:
-            answers = [self._call(rollout, call) for call in rollout.messages[-1]["tool_calls"]]
+        for rollout, answers in zip(live, self._answers_of(live), strict=True):
             suffix = suffix_ids_of(self.tokenizer, answers)
             total = len(rollout.completion_ids) + len(suffix)
             if total > budget or len(rollout.prompt_ids) + total >= self.context:
@@ -201,6 +202,18 @@ class ToolSampler:
             rollout.completion_ids += suffix
             fitting.append(rollout)
         return fitting
+
+    def _answers_of(self, live: list[_Rollout]) -> list[list[dict[str, Any]]]:
+        """Each live rollout's answers to its last message's calls: a rollout's calls in order, the rollouts' at
+        once (up to ``tools.concurrent_calls``), so a batch waits for its slowest rollout, not for the sum."""
+
+        def answers(rollout: _Rollout) -> list[dict[str, Any]]:
+            return [self._call(rollout, call) for call in rollout.messages[-1]["tool_calls"]]
+
+        if self.concurrent_calls <= 1 or len(live) <= 1:
+            return [answers(rollout) for rollout in live]
+        with ThreadPoolExecutor(min(self.concurrent_calls, len(live)), thread_name_prefix="grpoflow-calls") as pool:
+            return list(pool.map(answers, live))
 
     @staticmethod
     def _call(rollout: _Rollout, call: dict[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,22 @@ def sleeper(seconds: float) -> str:
     return "woke"
 
 
+RUNNING = {"now": 0, "most": 0}
+
+
+def overlap(seconds: float) -> str:
+    """Sleep a while, counting the calls that sleep at the same time.
+
+    Args:
+        seconds: How long.
+    """
+    RUNNING["now"] += 1
+    RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
+    time.sleep(seconds)
+    RUNNING["now"] -= 1
+    return "done"
+
+
 def crash(reason: str) -> str:
     """Fail.
 
@@ -229,3 +245,44 @@ def test_answers_are_cut_at_the_rollouts_bytes_then_refused(tools_dir: Path) -> 
     assert cut.startswith("b" * 40) and "b" * 41 not in cut and "[cut: tool answers hold at most 40 more bytes]" in cut
     with pytest.raises(ToolLimitReached, match=r"100 bytes is the limit \(tools\.max_output_bytes\)"):
         environment.echo(text="c")
+
+
+def test_user_tool_threads_stay_bounded_while_hung_calls_run_past_their_timeout(tools_dir: Path) -> None:
+    """A thread cannot be killed: a user tool past call_timeout_s is abandoned still running. At most twice
+    tools.concurrent_calls such threads run in the process; a call past that answers an error at once, recorded,
+    and calls work again once the hung ones have returned."""
+    toolbox = box(tools_dir, "sleeper", call_timeout_s=0.05, concurrent_calls=1)  # two thread slots
+    for _ in range(2):
+        with pytest.raises(ToolTimeout):
+            toolbox.factory().sleeper(seconds=1.0)
+    refused = toolbox.factory()
+    with pytest.raises(RuntimeError, match="too many user-tool calls are still running") as error:
+        refused.sleeper(seconds=0.0)
+    assert refused.tool_calls[-1].answer == error_answer(error.value) and refused.tool_calls[-1].failed
+    time.sleep(1.2)
+    assert toolbox.factory().sleeper(seconds=0.0) == "woke"
+
+
+@pytest.mark.parametrize("concurrent_calls", [1, 4])
+def test_the_tool_loop_runs_the_calls_of_a_batchs_rollouts_side_by_side(tools_dir: Path, concurrent_calls: int) -> None:
+    """grpoflow's tool loop answers a round's calls rollout by rollout in order within a rollout, and up to
+    tools.concurrent_calls rollouts at once: four rollouts each calling twice overlap with 4, never with 1."""
+    from types import SimpleNamespace
+
+    from tasks.environments import tool_methods
+    from tasks.models.tool_rollouts import ToolSampler, _Rollout
+
+    running = import_object("user_tools:overlap", tools_dir).__globals__["RUNNING"]
+    running.update(now=0, most=0)
+    toolbox = box(tools_dir, "overlap", concurrent_calls=concurrent_calls)
+    sampler = ToolSampler(SimpleNamespace(tokenizer=None, backend="test"), toolbox, None, max_turns=2, context=1024)
+    call = {"type": "function", "function": {"name": "overlap", "arguments": {"seconds": 0.2}}}
+    rollouts = []
+    for _ in range(4):
+        environment = toolbox.factory()
+        message = {"role": "assistant", "tool_calls": [call, call]}
+        rollouts.append(_Rollout([1], environment, tool_methods(environment), messages=[message]))
+    answers = sampler._answers_of(rollouts)
+    assert [[a["content"] for a in rollout] for rollout in answers] == [["done", "done"]] * 4
+    assert all(len(r.environment.tool_calls) == 2 for r in rollouts)
+    assert running["most"] == (1 if concurrent_calls == 1 else 4)
