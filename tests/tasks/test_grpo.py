@@ -65,9 +65,18 @@ def test_server_mode_without_url_fails_at_config_load() -> None:
 def test_gspo_and_clip_higher_train_the_tiny_adapter(
     loss, tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path
 ):
-    """A real GRPO stage with the loss: it trains (the adapter moves), and TRL's clip metrics for the loss are there."""
+    """A real GRPO stage with the loss: TRL's trainer gets the loss's settings, it trains (the adapter moves), and
+    TRL's clip metrics for the loss are there. What the losses compute differently:
+    tests/tasks/training/test_trainer.py::test_gspo_weighs_whole_sequences_and_clip_higher_lets_through_…"""
     import torch
     from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    seen = {}
+
+    class TrainerArguments(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201, D102
+            seen.update({key: getattr(args, key) for key in loss})
 
     from tasks.config import PipelineConfig
     from tasks.grpo import run_grpo
@@ -79,7 +88,10 @@ def test_gspo_and_clip_higher_train_the_tiny_adapter(
             "grpo": {**tiny_config.grpo.model_dump(), **loss},
         }
     )
-    result = run_grpo(config, tiny_split.train_path, tiny_model_dir, tiny_adapter, tmp_path / "grpo")
+    result = run_grpo(
+        config, tiny_split.train_path, tiny_model_dir, tiny_adapter, tmp_path / "grpo", [TrainerArguments()]
+    )
+    assert seen == loss  # e.g. importance_sampling_level "sequence", epsilon_high 0.28, num_iterations 2
     assert result.steps == config.grpo.max_steps
     assert result.last("clip_ratio/region_mean") is not None
     before = load_file(tiny_adapter / "adapter_model.safetensors")

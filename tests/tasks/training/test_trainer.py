@@ -377,3 +377,58 @@ def test_every_loss_agrees_with_trl_on_the_shared_prefill_path(
             name
         )
         assert any(g.abs().sum() > 0 for g in our_grads), name
+
+
+def test_gspo_weighs_whole_sequences_and_clip_higher_lets_through_what_plain_clipping_stops(
+    tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path
+) -> None:
+    """What sets the two loss variants apart, on the trainer the stage builds: GSPO's importance weight is one per
+    sequence (the mean log-ratio of its tokens), so moving the old log-probs between a sequence's tokens leaves the
+    loss and its gradients as they were, where token-level GRPO's change; clip-higher (epsilon_high 0.28) keeps the
+    gradient of a ratio of 1.25 on a positive advantage, which the symmetric clip at 1.2 zeroes."""
+    import math
+
+    import torch
+
+    input_ids, attention = _shuffled_batch()
+    mask = attention[:, 7:].float()
+
+    def loss_and_grads(loss: dict, shift: torch.Tensor, advantages: torch.Tensor) -> tuple:
+        trainer = _shared_prefill_trainer("fp32", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, loss)
+        trainer.current_gradient_accumulation_steps = 1
+        model = trainer.model
+        with torch.no_grad():
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
+        inputs = {
+            "prompt_ids": input_ids[:, :7],
+            "prompt_mask": attention[:, :7],
+            "completion_ids": input_ids[:, 7:],
+            "completion_mask": attention[:, 7:],
+            "advantages": advantages,
+            "old_per_token_logps": logps - shift,
+            "num_items_in_batch": attention[:, 7:].sum(),
+        }
+        lora = [p for n, p in model.named_parameters() if "lora_" in n]
+        model.zero_grad()
+        value = trainer._compute_loss(model, inputs)
+        value.backward()
+        return value.detach(), torch.cat([p.grad.flatten().clone() for p in lora])
+
+    generator = torch.Generator().manual_seed(2)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5])
+    shift = 0.1 * torch.randn(mask.shape, generator=generator) * mask
+    moved = torch.randn(mask.shape, generator=generator) * mask
+    moved = (moved - (moved.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)) * mask) * 0.1  # sums to 0 per row
+    gspo = {"loss_type": "grpo", "importance_sampling_level": "sequence"}
+    gspo_loss, gspo_grads = loss_and_grads(gspo, shift, advantages)
+    gspo_moved, gspo_moved_grads = loss_and_grads(gspo, shift + moved, advantages)
+    assert torch.allclose(gspo_loss, gspo_moved, atol=1e-6) and torch.allclose(gspo_grads, gspo_moved_grads, atol=1e-6)
+    token_loss, token_grads = loss_and_grads({"loss_type": "grpo"}, shift, advantages)
+    token_moved, token_moved_grads = loss_and_grads({"loss_type": "grpo"}, shift + moved, advantages)
+    assert not torch.allclose(token_grads, token_moved_grads, atol=1e-6)
+
+    ratio = torch.full(mask.shape, math.log(1.25)) * mask  # every token's ratio 1.25, every advantage positive
+    positive = torch.tensor([1.0, 0.5, 1.5, 1.0, 0.5, 1.5])
+    _, clipped = loss_and_grads({}, ratio, positive)  # dapo, epsilon 0.2 on both sides
+    _, clip_higher = loss_and_grads({"epsilon_high": 0.28}, ratio, positive)
+    assert clipped.abs().max() == 0 and clip_higher.abs().max() > 0
