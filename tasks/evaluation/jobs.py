@@ -80,7 +80,9 @@ def sampling_job(config: Any, spec: Any, rows: list[dict[str, Any]], shelf: Poli
     if config.tools.enabled and config.tools.evaluate_without:
         samplers.append(sampler.without_tools)  # the same engine and template, no tools in the prompt
     # Greedy and sampled are two passes over the prompts unless the engine decodes them together.
-    passes = sum(1 if hasattr(each, "sample_with_greedy") else 2 for each in samplers)
+    passes = sum(
+        getattr(each, "passes_for_greedy", 1 if hasattr(each, "sample_with_greedy") else 2) for each in samplers
+    )
     counted = JobShare(report, len(rows), passes=passes)
     stats = GenerationStats()
     drawn = []

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +349,7 @@ class ServerSampler(EngineSampler):
         super().__init__(tokenizer, adapter_dir)
         self.client = client
         self.handover = handover_root(handover)
+        self._loaded: str | None = None  # the adapter's name on the server while it is loaded
 
     def _handed_over(self) -> Path:
         """A copy of the adapter's files in a new folder under the hand-over folder."""
@@ -375,23 +376,47 @@ class ServerSampler(EngineSampler):
             return None, f"the server's model is {root}, not {base_model_dir}: its weights cannot be checked here"
         return served, ""
 
-    def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
+    passes_for_greedy = 2  # sample_with_greedy asks for greedy and sampled completions in two passes
+
+    def sample_with_greedy(self, prompts: Sequence[str], **settings: Any) -> tuple[list[list[str]], list[list[str]]]:
+        """Each prompt's greedy completion and its ``n`` samples (what evaluation asks for): two passes of requests,
+        with the adapter handed over and loaded once for both."""
+        greedy_settings = {key: settings[key] for key in ("max_new_tokens", "seed") if key in settings}
+        with self._adapter_loaded():
+            greedy = self.sample(prompts, greedy=True, **greedy_settings)
+            sampled = self.sample(prompts, **settings)
+        return greedy, sampled
+
+    @contextlib.contextmanager
+    def _adapter_loaded(self) -> Iterator[None]:
+        """The adapter copied under the hand-over folder and loaded for every request inside (once, however many
+        calls), then unloaded and its copy removed; nothing to do for the base or when already loaded."""
         import shutil
 
-        if self.adapter_dir is None:
-            return self._requests(call, SERVED_BASE_NAME)
+        if self.adapter_dir is None or self._loaded is not None:
+            yield
+            return
         folder = self._handed_over()
         try:
             self.client.load_adapter(folder.name, folder)
-            answers = self._requests(call, folder.name)
+            self._loaded = folder.name
+            yield
         except BaseException:
             with contextlib.suppress(VllmServerUnavailable):  # the first error is the one to report
                 self.client.unload_adapters()
-            shutil.rmtree(folder, ignore_errors=True)
             raise
-        self.client.unload_adapters()
-        shutil.rmtree(folder, ignore_errors=True)
-        return answers
+        else:
+            self.client.unload_adapters()
+        finally:
+            self._loaded = None
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _complete(self, call: EngineCall) -> list[list[tuple[str, list[int]]]]:
+        if self.adapter_dir is None:
+            return self._requests(call, SERVED_BASE_NAME)
+        with self._adapter_loaded():
+            assert self._loaded is not None
+            return self._requests(call, self._loaded)
 
     def _requests(self, call: EngineCall, model: str) -> list[list[tuple[str, list[int]]]]:
         from concurrent.futures import ThreadPoolExecutor, as_completed

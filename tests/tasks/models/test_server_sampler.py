@@ -69,3 +69,21 @@ def test_an_adapter_reaches_the_server_through_the_hand_over_folder_and_leaves_n
     assert all(Path(path).parent == handover for path, _ in Recorder.seen)  # never the stage's own folder
     assert set(Recorder.models) == {Path(path).name for path, _ in Recorder.seen}
     assert Recorder.loaded == {} and list(handover.iterdir()) == []  # unloaded, and the copies removed
+
+
+def test_greedy_and_sampled_completions_share_one_hand_over(
+    server: str, tiny_model_dir: Path, tiny_adapter: Path, tmp_path: Path
+) -> None:
+    """Evaluation and the hold-out ask for greedy completions, then samples: the adapter is copied and loaded once
+    for both, and still unloaded and removed after them, also when a request fails."""
+    Recorder.seen.clear()
+    Recorder.models.clear()
+    handover = tmp_path / "handover"
+    sampler = ServerSampler(VllmServerClient(server), load_tokenizer(tiny_model_dir), tiny_adapter, handover)
+    greedy, sampled = sampler.sample_with_greedy(["What is 2+2?"], n=3, temperature=1.0, max_new_tokens=4, seed=1)
+    assert greedy == [["4"]] and sampled == [["4", "4", "4"]]
+    assert len(Recorder.seen) == 1 and len(Recorder.models) == 2 and len(set(Recorder.models)) == 1
+    assert Recorder.loaded == {} and list(handover.iterdir()) == []
+    with pytest.raises(ZeroDivisionError), sampler._adapter_loaded():
+        raise ZeroDivisionError
+    assert Recorder.loaded == {} and list(handover.iterdir()) == [] and sampler._loaded is None
