@@ -119,16 +119,18 @@ def grpo_trainer_class(speedups: str) -> type:
 
     Either one generates through vLLM when it is given a ``vllm_setup`` (``VllmAdapterSync``: adapter-only sync).
 
-    Every one keeps the rollout ledger (``RolloutLedgerMixin``) when it is given one, scores the hold-out slice
-    while it trains (``HoldoutEvaluationMixin``) when it is given one, and compares the sampler's log-probabilities
+    Every one runs a round's tool calls side by side across the batch (``ConcurrentToolCallsMixin``), keeps the
+    rollout ledger (``RolloutLedgerMixin``) when it is given one, scores the hold-out slice while it trains
+    (``HoldoutEvaluationMixin``) when it is given one, and compares the sampler's log-probabilities
     with its own every step (``SamplerAgreementMixin``) when it is given a tally.
 
-    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:7]]  # doctest: +NORMALIZE_WHITESPACE
+    >>> [cls.__name__ for cls in grpo_trainer_class("off").__mro__[1:8]]  # doctest: +NORMALIZE_WHITESPACE
     ['HoldoutEvaluationMixin', 'SamplerAgreementMixin', 'DynamicSamplingMixin', 'RolloutLedgerMixin',
-     'VllmAdapterSync', 'GRPOTrainer']
+     'ConcurrentToolCallsMixin', 'VllmAdapterSync', 'GRPOTrainer']
     """
     from trl import GRPOTrainer
 
+    from tasks.speedups.concurrent_tools import ConcurrentToolCallsMixin
     from tasks.speedups.dynamic_sampling import DynamicSamplingMixin
     from tasks.speedups.rollout_ledger import RolloutLedgerMixin
     from tasks.speedups.sampler_agreement import SamplerAgreementMixin
@@ -136,7 +138,14 @@ def grpo_trainer_class(speedups: str) -> type:
     from tasks.training.holdout import HoldoutEvaluationMixin
 
     # The agreement mixin sits above the difficulty filter: it reads the batch the loss trains on.
-    mixins = (HoldoutEvaluationMixin, SamplerAgreementMixin, DynamicSamplingMixin, RolloutLedgerMixin, VllmAdapterSync)
+    mixins = (
+        HoldoutEvaluationMixin,
+        SamplerAgreementMixin,
+        DynamicSamplingMixin,
+        RolloutLedgerMixin,
+        ConcurrentToolCallsMixin,
+        VllmAdapterSync,
+    )
     if not speedups_on(speedups):
         return type("StockGRPOTrainer", (*mixins, GRPOTrainer), {})
     from tasks.speedups.grpo_trainer import SharedPrefillGRPOTrainer
