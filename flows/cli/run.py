@@ -157,6 +157,11 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
     from tasks.models import pipeline_engine
 
     console.print(f"generation: ok ({pipeline_engine(cfg)})")
+    from tasks.models.hardware import this_machine, what_runs
+
+    machine = this_machine()
+    console.print(f"hardware: {machine.describe()}")
+    console.print(f"uses: {what_runs(cfg, machine)}")
     with tempfile.TemporaryDirectory(prefix="grpoflow-check-") as scratch:
         result = validated(cfg, folder=Path(scratch))
     reasons = ", ".join(

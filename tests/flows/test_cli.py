@@ -231,6 +231,12 @@ def test_check_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "data: ok (" in result.output and "a new local store, created at" in result.output
     assert not out.exists()
+    # What the machine offers and what this config will use of it (a GPU user's first question).
+    import torch
+
+    output = " ".join(result.output.split())  # the console wraps long lines
+    assert "hardware: no CUDA device" in output and f"torch {torch.__version__}" in output
+    assert "uses: precision auto → " in output and "trains on the CPU, samples with transformers" in output
 
 
 def test_check_refuses_an_in_training_slice_the_hold_out_cannot_spare(tmp_path: Path) -> None:

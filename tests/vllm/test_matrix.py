@@ -154,13 +154,29 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Any:
         server.stop()
 
 
-@pytest.mark.parametrize("name", list(CASES))
+def server_of(features: tuple[str, ...]) -> str | None:
+    """Which of the two vLLM servers a case needs (None: neither)."""
+    if "vllm_server" not in features:
+        return None
+    return "tools" if "tools" in features else "plain"
+
+
+# Cases without a server first, then each server's cases together: one vLLM server runs at a time (two starting and
+# serving side by side on this machine's two cores, beside a case's own training, once took past their start timeout).
+ORDER = sorted(CASES, key=lambda name: ("", "plain", "tools").index(server_of(CASES[name]) or ""))
+
+
+@pytest.mark.parametrize("name", ORDER)
 def test_the_features_of_a_case_work_together(
     name: str, servers: Any, judge_server: Any, tiny_reward_model_dir: Path, tmp_path: Path, request: Any
 ) -> None:
     features = CASES[name]
-    if "vllm_server" in features:
-        servers["tools" if "tools" in features else "plain"].ensure_up()
+    wanted = server_of(features)
+    if wanted:
+        for other, server in servers.items():
+            if other != wanted:
+                server.stop()
+        servers[wanted].ensure_up()
     tracking_uri = request.getfixturevalue("mlflow_server")["uri"] if "two_nodes" in features else None
     base = "tiny-tools.yaml" if "tools" in features else "tiny.yaml"
     config = load_config(REPO / "configs" / base, _overrides(features, tmp_path / "outputs", servers, tracking_uri))
