@@ -59,18 +59,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     source = "defaults"
     if path is not None:
         source = str(path)
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file not found: {file}")
-        try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{file}: the top level must be a mapping of sections")
+        raw = read_config_file(Path(path))
     config_dir = Path(path).resolve().parent if path is not None else None
-    if config_dir is not None:
-        anchor_paths(raw, config_dir)  # paths written in the file: relative to the file's folder
     for dotted, value in (overrides or {}).items():
         set_dotted(raw, dotted, value)
     anchor_paths(raw, Path.cwd())  # the rest (from --set): relative to the current folder
@@ -81,6 +71,46 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     import_rewards(config, config_dir, source)
     import_tools(config, config_dir, source)
     return config
+
+
+def read_config_file(file: Path, extending: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's sections, its paths anchored to its own folder. With ``extends: OTHER.yaml`` (relative to the
+    file), the file is an overlay: its sections are merged into OTHER's (``merged``), so a stack's settings can sit
+    in a file of their own beside a recipe that runs as it is."""
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {file}")
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections")
+    base = raw.pop("extends", None)
+    anchor_paths(raw, file.resolve().parent)  # paths written in the file: relative to the file's folder
+    if base is None:
+        return raw
+    parent = (file.resolve().parent / str(base)).resolve()
+    if parent in extending or parent == file.resolve():
+        raise ConfigError(f"{file}: extends {base}, which extends {file.name} again")
+    if not parent.is_file():
+        raise ConfigError(f"{file}: extends {base}: no such config file ({parent})")
+    return merged(read_config_file(parent, (*extending, file.resolve())), raw)
+
+
+def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``overlay``'s keys over ``base``'s, section by section (a mapping merges into a mapping; anything else,
+    lists included, replaces).
+
+    >>> merged({"grpo": {"max_steps": 5, "beta": 0.0}, "rewards": [1]}, {"grpo": {"max_steps": 9}, "rewards": [2]})
+    {'grpo': {'max_steps': 9, 'beta': 0.0}, 'rewards': [2]}
+    """
+    result = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
 
 
 def set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:

@@ -74,7 +74,15 @@ def test_shipped_configs_validate(name: str) -> None:
 def test_scale_configs_use_vllm_and_a_gpu_deployment() -> None:
     single = load_config(ROOT / "configs" / "gsm8k-qwen2.5-0.5b.yaml")
     assert single.grpo.generation.backend == "vllm" and single.grpo.generation.vllm_mode == "colocate"
-    assert single.orchestration.grpo_deployment == "grpoflow-grpo/grpo-gpu"
+    # The recipe runs on the embedded defaults; the stack is an overlay that only adds its two settings.
+    assert single.tracking.tracking_uri is None and single.orchestration.grpo_deployment is None
+    stacked = load_config(ROOT / "configs" / "stack" / "gsm8k-qwen2.5-0.5b.yaml")
+    assert stacked.orchestration.grpo_deployment == "grpoflow-grpo/grpo-gpu"
+    assert stacked.tracking.tracking_uri == "http://mlflow:5000"
+    raw_single, raw_stacked = single.model_dump(mode="json"), stacked.model_dump(mode="json")
+    raw_stacked["orchestration"]["grpo_deployment"] = raw_single["orchestration"]["grpo_deployment"]
+    raw_stacked["tracking"]["tracking_uri"] = raw_single["tracking"]["tracking_uri"]
+    assert raw_stacked == raw_single
     multi = load_config(ROOT / "configs" / "gsm8k-qwen2.5-1.5b-multigpu.yaml")
     assert multi.grpo.generation.vllm_mode == "server" and multi.grpo.generation.vllm_server_base_url
 

@@ -99,3 +99,27 @@ def test_keys_added_later_change_the_hash_only_when_set() -> None:
     blocked = load_config(REPO / "configs" / "tiny.yaml", {"promotion.block_on_audit": True})
     bound = load_config(REPO / "configs" / "tiny.yaml", {"grpo.generation.vllm_max_logp_difference": 0.2})
     assert len({base.config_hash(), blocked.config_hash(), bound.config_hash()}) == 3
+
+
+def test_an_overlay_extends_a_config_and_a_broken_chain_is_one_error(tmp_path) -> None:  # noqa: ANN001
+    """``extends:`` merges a file's sections into another's (paths relative to the file that wrote them); a missing
+    or circular parent is one error naming the file."""
+    import pytest
+
+    from tasks.config import ConfigError, load_config
+
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "base.yaml").write_text(
+        "name: base\ndata: {source: rows.jsonl}\ngrpo: {max_steps: 7, beta: 0.1}\n"
+    )
+    (tmp_path / "overlay.yaml").write_text("extends: recipe/base.yaml\ngrpo: {max_steps: 9}\n")
+    config = load_config(tmp_path / "overlay.yaml")
+    assert (config.name, config.grpo.max_steps, config.grpo.beta) == ("base", 9, 0.1)
+    assert str(config.data.source) == str(tmp_path / "recipe" / "rows.jsonl")
+    (tmp_path / "missing.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match=r"missing.yaml: extends nowhere.yaml: no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="extends a.yaml, which extends"):
+        load_config(tmp_path / "a.yaml")
