@@ -125,6 +125,18 @@ class PipelineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _nodes_reach_the_server(self) -> PipelineConfig:
+        generation, nodes = self.grpo.generation, self.orchestration.nodes
+        server = generation.vllm_mode == "server" and generation.backend != "transformers"
+        if nodes > 1 and server and generation.vllm_adapter_dir is None:
+            raise ValueError(
+                f"orchestration.nodes {nodes} with grpo.generation.vllm_mode server needs "
+                "grpo.generation.vllm_adapter_dir: a folder the nodes write each synced adapter to and the "
+                "server reads (the default, /dev/shm, is the node's own)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tools_fit(self) -> PipelineConfig:
         problems = tool_problems(self.tools, self.grpo, self.evaluation)
         if problems:

@@ -121,6 +121,8 @@ def _overrides(
             "grpo.batch_size": 4,
             "tracking.tracking_uri": tracking_uri,
         }
+        if "vllm_server" in features:  # the folder the nodes hand each synced adapter over in, which the server reads
+            values["grpo.generation.vllm_adapter_dir"] = str(output_dir.parent / "handover")
     return values
 
 

@@ -135,6 +135,9 @@ def prepare_node(
     config = request["config"]
     for index in request.get("reward_modules", []):  # shipped: this machine does not have the stage's folders
         config["rewards"][index]["path"] = str(artifacts.fetch(f"{INPUTS}/rewards/{index}", inputs / "rewards"))
+    for index in request.get("reward_models", []):  # a reward model's local folder, shipped the same way
+        folder = artifacts.fetch(f"{INPUTS}/reward-models/{index}", inputs / "reward-models")
+        config["rewards"][index]["args"]["model"] = str(folder)
     if config["orchestration"].get("accelerate_config"):
         accelerate_file = artifacts.fetch(f"{INPUTS}/accelerate.yaml", inputs)
         config["orchestration"]["accelerate_config"] = str(accelerate_file)

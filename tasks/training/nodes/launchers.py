@@ -113,9 +113,15 @@ class LocalNodes:
     each node's process group (``kill_node`` ends one whole, as a machine that dies would)."""
 
     def __init__(
-        self, commands: list[list[str]], launch_dir: Path, isolate: bool | None = None, processes_per_node: int = 1
+        self,
+        commands: list[list[str]],
+        launch_dir: Path,
+        isolate: bool | None = None,
+        processes_per_node: int = 1,
+        shared: tuple[Path, ...] = (),
     ) -> None:
         self.commands, self.launch_dir = commands, launch_dir
+        self.shared = shared  # folders every node writes and reads, as on a cluster's shared volume
         # This process's threads shared among every rank of every node (torch's threads spin while they wait).
         self.threads = str(rank_threads(len(commands) * processes_per_node))
         self.isolated = shutil.which("bwrap") is not None if isolate is None else isolate
@@ -126,6 +132,8 @@ class LocalNodes:
 
     def start(self) -> None:
         self.launch_dir.mkdir(parents=True, exist_ok=True)
+        for folder in self.shared:
+            folder.mkdir(parents=True, exist_ok=True)
         if self.isolated:
             Path(SANDBOX_UID_CLAIMS).mkdir(mode=0o700, parents=True, exist_ok=True)
         else:
@@ -136,7 +144,8 @@ class LocalNodes:
             command = [*command, "--local-addr", f"127.0.0.{node + 1}"]
             home = NODE_HOME if self.isolated else str(self.launch_dir / f"node-{node}")
             setup = f"mkdir -p {home}/tmp && exec " + shlex.join([*command, "--workdir", f"{home}/work"])
-            wrapped = [*(bubblewrap_prefix() if self.isolated else []), "/bin/sh", "-c", setup]
+            binds = [arg for folder in self.shared for arg in ("--bind", str(folder), str(folder))]
+            wrapped = [*(bubblewrap_prefix() + binds if self.isolated else []), "/bin/sh", "-c", setup]
             process = subprocess.Popen(
                 wrapped,
                 stdout=subprocess.PIPE,

@@ -71,7 +71,9 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
     """The configured launcher's job for these agents."""
     launcher = config.orchestration.launcher
     if launcher == "local":
-        return LocalNodes(commands, launch_dir, processes_per_node=config.training_processes())
+        handover = config.grpo.generation.vllm_adapter_dir  # written by the nodes, read by a vLLM server
+        shared = (Path(handover),) if handover else ()
+        return LocalNodes(commands, launch_dir, processes_per_node=config.training_processes(), shared=shared)
     if launcher == "manual":
         return ManualNodes(commands, launch_dir)
     run_id, sealed = (commands[0][commands[0].index(flag) + 1] for flag in ("--stage-run", "--manifest"))
@@ -118,6 +120,7 @@ def send_request(
     if shipped:
         ship(base_model_dir, f"{INPUTS}/base-model")
     reward_modules = ship_reward_modules(ship, config)
+    reward_models = ship_reward_models(ship, config)
     if config.orchestration.accelerate_config:
         ship(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
     request = {
@@ -136,6 +139,7 @@ def send_request(
         "checkpoint_store": checkpoint_store,
         "restore_store": restore_store or checkpoint_store,
         "reward_modules": reward_modules,
+        "reward_models": reward_models,
         "nodes": config.orchestration.nodes,
         "host": config.orchestration.rendezvous_host,
         "port": config.orchestration.rendezvous_port,
@@ -191,6 +195,19 @@ def ship_reward_modules(ship: Callable[[Path, str], None], config: PipelineConfi
         for local in reward_module_files(spec.name, Path(spec.path)):
             ship(local, f"{INPUTS}/rewards/{index}/{local.name}")
         shipped.append(index)
+    return shipped
+
+
+def ship_reward_models(ship: Callable[[Path, str], None], config: PipelineConfig) -> list[int]:
+    """Upload every reward model given as a local folder (``reward_model``'s ``args.model``;
+    ``launch/inputs/reward-models/<index>/``): the other machines do not have this one's folders. A Hub id is
+    resolved by each node itself. Returns the indexes shipped."""
+    shipped = []
+    for index, spec in enumerate(config.rewards):
+        model = (spec.args or {}).get("model") if spec.name == "reward_model" else None
+        if isinstance(model, str) and Path(model).expanduser().is_dir():
+            ship(Path(model).expanduser(), f"{INPUTS}/reward-models/{index}")
+            shipped.append(index)
     return shipped
 
 

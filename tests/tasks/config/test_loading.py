@@ -123,3 +123,22 @@ def test_an_overlay_extends_a_config_and_a_broken_chain_is_one_error(tmp_path) -
     (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
     with pytest.raises(ConfigError, match="extends a.yaml, which extends"):
         load_config(tmp_path / "a.yaml")
+
+
+def test_nodes_on_a_vllm_server_need_a_hand_over_folder_both_reach() -> None:
+    """Each node writes its synced adapter where the server must read it: /dev/shm is the node's own, so the pair is
+    refused at load with one line naming both keys and the one that makes it work."""
+    import pytest
+
+    from tasks.config import ConfigError, load_config
+
+    server = {
+        "orchestration.nodes": 2,
+        "grpo.generation.backend": "vllm",
+        "grpo.generation.vllm_mode": "server",
+        "grpo.generation.vllm_server_base_url": "http://10.0.0.5:8000",
+    }
+    with pytest.raises(ConfigError, match=r"orchestration.nodes 2 with grpo.generation.vllm_mode server needs "):
+        load_config(overrides=server)
+    config = load_config(overrides={**server, "grpo.generation.vllm_adapter_dir": "/shared/adapters"})
+    assert str(config.grpo.generation.vllm_adapter_dir) == "/shared/adapters"
