@@ -12,7 +12,7 @@ from typing import Any
 
 from tasks.config import PipelineConfig
 from tasks.environments import pipeline_tools, tool_sft_examples
-from tasks.inputs import answer_completion, read_jsonl, render_prompt
+from tasks.inputs import SOLUTION, answer_completion, read_jsonl, render_prompt, solution_completion
 from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.models import load_base_model, load_tokenizer
 from tasks.speedups import speedups_on
@@ -32,12 +32,19 @@ from tasks.training.nodes import train_on_nodes
 
 
 def sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, config: PipelineConfig) -> list[dict[str, Any]]:
-    """Prompt/completion pairs: the row's ``completion`` when present, else the answer in the reward's format."""
+    """Prompt/completion pairs: the row's ``completion`` when present, else its worked solution
+    (``data.worked_solution``, ``solution_completion``), else the answer in the reward's format."""
+
+    def completion(row: dict[str, Any]) -> Any:
+        answer = answer_completion(config.data.kind, row["ground_truth"])
+        if row.get("completion"):
+            return row["completion"]
+        if isinstance(row.get(SOLUTION), str) and row[SOLUTION].strip():
+            return solution_completion(row[SOLUTION], answer)
+        return answer
+
     return [
-        {
-            "prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt),
-            "completion": row.get("completion") or answer_completion(config.data.kind, row["ground_truth"]),
-        }
+        {"prompt": render_prompt(tokenizer, row["prompt"], config.data.system_prompt), "completion": completion(row)}
         for row in rows
     ]
 

@@ -53,6 +53,12 @@ class DataSettings(_Strict):
         {}, description="Rename source columns to grpoflow's, e.g. {prompt: question, ground_truth: answer} (GSM8K)."
     )
     kind: TaskKind = "math"
+    worked_solution: str | None = Field(
+        None,
+        description="A source column with each row's worked solution (GSM8K: answer): SFT learns it as the "
+        "completion, calculator annotations <<…>> removed and a final '#### N' line written as the answer in the "
+        "form the rewards read (\\boxed{N} for math). None: SFT learns the answer alone.",
+    )
     labels: list[str] | None = Field(
         None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
     )

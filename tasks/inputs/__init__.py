@@ -12,6 +12,8 @@ _EXPORTS = {
     "gx_audit": "expectations",
     "DataSourceError": "loading",
     "answer_completion": "loading",
+    "solution_completion": "loading",
+    "SOLUTION": "loading",
     "arithmetic_rows": "loading",
     "load_rows": "loading",
     "read_jsonl": "loading",

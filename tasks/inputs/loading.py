@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,9 @@ def load_rows(settings: DataSettings, seed: int) -> list[Any]:
     ``data.columns`` renames applied."""
     rows = _load_source(settings, seed)
     check_columns(rows, settings)
+    if settings.worked_solution:  # kept apart before the renames: the same column may also be the ground truth
+        column = settings.worked_solution
+        rows = [{**row, SOLUTION: row.get(column)} if isinstance(row, dict) else row for row in rows]
     if not settings.columns:
         return rows
     renames = {source: ours for ours, source in settings.columns.items()}
@@ -98,6 +102,7 @@ def load_rows(settings: DataSettings, seed: int) -> list[Any]:
 
 
 REQUIRED_COLUMNS = ("prompt", "ground_truth")
+SOLUTION = "worked_solution"  # the row's copy of the data.worked_solution column
 
 
 def check_columns(rows: list[Any], settings: DataSettings) -> None:
@@ -115,7 +120,8 @@ def check_columns(rows: list[Any], settings: DataSettings) -> None:
     if not present:
         return  # no object rows at all: each row is quarantined with its own reason
     mapped = {ours: settings.columns.get(ours, ours) for ours in REQUIRED_COLUMNS}
-    wanted = list(dict.fromkeys([*mapped.values(), *settings.columns.values()]))
+    solution = [settings.worked_solution] if settings.worked_solution else []
+    wanted = list(dict.fromkeys([*mapped.values(), *settings.columns.values(), *solution]))
     missing = [column for column in wanted if column not in present]
     if not missing:
         return
@@ -232,6 +238,22 @@ def answer_completion(kind: str, ground_truth: str) -> str:
     if kind in ("math", "exact", "label"):
         return f"\\boxed{{{ground_truth}}}"
     return ground_truth
+
+
+def solution_completion(solution: str, answer: str) -> str:
+    """A worked solution as an SFT completion: calculator annotations (``<<48/2=24>>``, GSM8K's) removed, and a
+    final ``#### N`` line (GSM8K's answer line) replaced by ``answer``, the final answer in the form the prompt asks
+    for and the rewards read; without such a line, ``answer`` follows the solution on a line of its own.
+
+    >>> solution_completion("She sold 48/2 = <<48/2=24>>24 clips in May.\\n#### 72", "\\\\boxed{72}")
+    'She sold 48/2 = 24 clips in May.\\n\\\\boxed{72}'
+    >>> solution_completion("6 * 7 = 42", "\\\\boxed{42}")
+    '6 * 7 = 42\\n\\\\boxed{42}'
+    """
+    lines = re.sub(r"<<[^<>]*>>", "", solution).rstrip().splitlines()
+    if lines and lines[-1].lstrip().startswith("####"):
+        lines = lines[:-1]
+    return "\n".join([*lines, answer]).strip()
 
 
 def jsonl_line(row: Any) -> bytes:
