@@ -44,7 +44,9 @@ from tasks.evaluation import (
     verdict_lists,
     win_rate,
 )
+from tasks.evaluation.extraction import extraction_scores
 from tasks.inputs import prompt_text, read_jsonl
+from tasks.layout import TEST_FILE
 from tasks.models import samples_on_cpu
 from tasks.tracking import Tracker, prefect_task, publish_table, tracked_stage, work_bar
 from tasks.training import LEDGER_DIR, sample_rows, write_part
@@ -90,6 +92,8 @@ class ModelScores:
     # with tools: the same numbers without them (tools.evaluate_without), with the paired gain the tools give
     without_tools: dict[str, Any] | None = field(default=None, repr=False)
     tool_use: dict[str, float] = field(default_factory=dict)  # with tools: calls per rollout, error share...
+    # evaluation.extractions: per extraction (gsm8k_strict, ...), its greedy accuracy and sampled pass@1
+    extractions: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +107,7 @@ class ModelScores:
             "general": self.general.to_json() if self.general else None,
             "engine": self.engine,
             **({"tool_use": self.tool_use} if self.tool_use else {}),
+            **({"extractions": self.extractions} if self.extractions else {}),
             **({"without_tools": _public(self.without_tools)} if self.without_tools else {}),
         }
 
@@ -181,11 +186,28 @@ class EvalResult:
 
 
 def holdout_rows(config: PipelineConfig, holdout_path: Path) -> list[dict[str, Any]]:
-    """The first ``evaluation.num_prompts`` hold-out rows (the file order is stable); with ``grpo.select: best``,
-    none of the slice GRPO chose its checkpoint on (``tasks.training.holdout.final_holdout_rows``)."""
+    """The rows the final evaluation scores: with ``data.test_source``, the first ``evaluation.num_prompts`` of the
+    test set validate wrote beside the hold-out; else the first hold-out rows (the file order is stable), none of the
+    slice GRPO chose its checkpoint on (``tasks.training.holdout.final_holdout_rows``)."""
     from tasks.training import final_holdout_rows
 
+    test_path = holdout_path.with_name(TEST_FILE)
+    if config.data.test_source:
+        if not test_path.is_file():
+            raise FileNotFoundError(f"data.test_source is set but validate wrote no {test_path}")
+        return read_jsonl(test_path)[: config.evaluation.num_prompts]
     return final_holdout_rows(read_jsonl(holdout_path), config)
+
+
+def evaluated_on(config: PipelineConfig) -> str:
+    """What the final evaluation scores, in words (the card, the summary).
+
+    >>> from types import SimpleNamespace as N
+    >>> evaluated_on(N(data=N(test_source="hub:openai/gsm8k@main", test_split="test")))
+    'test source hub:openai/gsm8k@main (split test)'
+    """
+    data = config.data
+    return f"test source {data.test_source} (split {data.test_split})" if data.test_source else "hold-out split"
 
 
 def score_model(
@@ -270,6 +292,14 @@ def _assemble(
         },
         without_tools=without,
         tool_use=tool_use_figures(sampled.sampled) if config.tools.enabled else {},
+        extractions=extraction_scores(
+            settings.extractions,
+            [[_text(c) for c in group] for group in sampled.greedy],
+            [[_text(c) for c in group] for group in sampled.sampled],
+            [str(row["ground_truth"]) for row in rows],
+        )
+        if settings.extractions
+        else {},
     )
 
 
@@ -334,6 +364,7 @@ def run_evaluate(
     if unknown or not {"base", "candidate"} <= set(models):
         raise ValueError(f"evaluation takes models by role {ROLES} (base and candidate required), got {sorted(models)}")
     rows = holdout_rows(config, holdout_path)
+    logger.info("evaluate: %d prompts of the %s", len(rows), evaluated_on(config))
     ledger = stage_dir / LEDGER_DIR
     scores = score_models(config, {role: models[role] for role in ROLES if role in models}, rows, ledger)
     return compare_roles(config, scores, stage_dir, general_questions_trained_on(config.evaluation, holdout_path))
@@ -416,6 +447,11 @@ def evaluate_task(
                     f"{name}_general_perplexity": score.general.perplexity if score.general else None,
                     f"{name}_general_kl": score.general.to_json().get("kl") if score.general else None,
                     **{f"{name}_pass_at_{k}": v for k, v in score.pass_at_k.items()},
+                    **{
+                        f"{name}_{extraction}_{measure}": value
+                        for extraction, measures in score.extractions.items()
+                        for measure, value in measures.items()
+                    },
                 }
             )
         for prefix, drop in (

@@ -26,6 +26,7 @@ ADAPTER = "adapter"  # inside a training stage's folder: the adapter it hands on
 # Where the pipeline and a GRPO worker on another machine exchange files: the parent MLflow run's artifacts.
 HANDOFF = "handoff"
 HANDOFF_TRAIN = "grpo_inputs/train"
+TEST_FILE = "test.jsonl"  # validate writes the test source's rows there (data.test_source); evaluation scores them
 HOLDOUT_FILE = "holdout.jsonl"  # validate writes it beside train.jsonl; GRPO's in-training evaluation reads it there
 HANDOFF_SFT_ADAPTER = "grpo_inputs/sft_adapter"
 HANDOFF_GRPO_ADAPTER = "grpo_output/adapter"

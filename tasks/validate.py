@@ -19,7 +19,7 @@ from tasks.config.grpo_steering import holdout_problems
 from tasks.errors import GateStop, InfrastructureError, UserError
 from tasks.inputs import RowProblem, check_row, fingerprint, gx_audit, holdout_side
 from tasks.inputs.loading import _Unreadable, load_rows, write_jsonl
-from tasks.layout import HOLDOUT_FILE, write_atomically
+from tasks.layout import HOLDOUT_FILE, TEST_FILE, write_atomically
 from tasks.tracking import Tracker, log_splits, prefect_task, publish_markdown, tracked_stage, validated_splits
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class ValidateResult:
     judge_canaries: list[dict[str, Any]] = field(default_factory=list)  # one report per judge (judges only)
     tools: dict[str, Any] = field(default_factory=dict)  # with tools: the template, the canaries, the sizes
     sandbox: str = ""  # where model-written code runs (code rewards, the python tool), once checked; else empty
+    test_path: Path | None = None  # data.test_source's rows, which evaluation scores (None: the hold-out)
+    test: dict[str, Any] = field(default_factory=dict)  # the test source: rows in, kept, quarantined, leaks
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -198,6 +200,13 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     kept = quarantine_unknown_tools(kept, quarantined, toolbox.names if toolbox else [])
     if toolbox is not None and kept:
         tool_report |= size_tools(config, toolbox, kept)
+    test, test_report = [], {}
+    if config.data.test_source:
+        test, test_quarantined, test_report = load_test_source(config, stage_dir)
+        kept, leaks = without_leaks(kept, test)
+        quarantined += leaks
+        quarantined += test_quarantined
+        test_report["leaks"] = len(leaks)
     sides = [holdout_side(row["prompt"], config.data.holdout_fraction) for row in kept]
     train = [row for row, side in zip(kept, sides, strict=True) if not side]
     holdout = [row for row, side in zip(kept, sides, strict=True) if side]
@@ -219,8 +228,11 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
         columns=sorted({key for row in kept for key in row}),
         tools=tool_report,
         sandbox=sandbox,
+        test_path=stage_dir / TEST_FILE if config.data.test_source else None,
+        test=test_report,
     )
-    if result.rows_in != result.rows_kept + result.rows_quarantined:  # nothing may be lost
+    lost = result.rows_in + test_report.get("rows_in", 0) - result.rows_kept - len(test) - result.rows_quarantined
+    if lost:  # nothing may be lost
         raise RuntimeError(
             f"validation lost rows: {result.rows_in} in, {result.rows_kept} kept + "
             f"{result.rows_quarantined} quarantined"
@@ -229,10 +241,54 @@ def run_validate(config: PipelineConfig, stage_dir: Path) -> ValidateResult:
     write_jsonl(result.quarantine_path, quarantined)
     write_jsonl(result.train_path, train)
     write_jsonl(result.holdout_path, holdout)
+    if result.test_path is not None:
+        write_jsonl(result.test_path, test)
     result.judge_canaries = check_judge_canaries(config, train, stage_dir)
     report = {**result.to_json(), "great_expectations": gx_summary}
     write_atomically(result.report_path, json.dumps(report, indent=2, ensure_ascii=True))
     return result
+
+
+def load_test_source(config: PipelineConfig, stage_dir: Path) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """``data.test_source`` read and checked as the training data is (the same columns, kind and row checks); its
+    bad rows quarantined with their reasons, each marked ``source: test``."""
+    settings = config.data.model_copy(update={"source": config.data.test_source, "split": config.data.test_split})
+    raw = load_rows(settings, config.seed)
+    kept, quarantined, _ = validate_rows(raw, settings, None)
+    for record in quarantined:
+        record["source"] = "test"
+    report = {"source": f"{settings.source} ({settings.split})", "rows_in": len(raw), "rows_kept": len(kept)}
+    report["rows_quarantined"] = len(quarantined)
+    return kept, quarantined, report
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt's text as the leak check compares it: case and runs of whitespace ignored.
+
+    >>> prompt_key("What is  2+2?\\n") == prompt_key("what is 2+2?")
+    True
+    """
+    from tasks.inputs import prompt_text
+
+    return " ".join(prompt_text(prompt).lower().split())
+
+
+def without_leaks(kept: list[dict], test: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The training rows whose prompt is not in the test set, and the others as quarantine records (a leak:
+    evaluation would score a prompt the model trained on).
+
+    >>> rows, leaks = without_leaks([{"prompt": "1+1?"}, {"prompt": "2+2?"}], [{"prompt": "2+2? "}])
+    >>> rows, leaks[0]["reasons"]
+    ([{'prompt': '1+1?'}], ['leak: data.test_source holds this prompt'])
+    """
+    tested = {prompt_key(row["prompt"]) for row in test}
+    clean, leaks = [], []
+    for row in kept:
+        if prompt_key(row["prompt"]) in tested:
+            leaks.append({"row_index": None, "row": row, "reasons": ["leak: data.test_source holds this prompt"]})
+        else:
+            clean.append(row)
+    return clean, leaks
 
 
 def runs_model_code(config: PipelineConfig) -> bool:

@@ -46,6 +46,9 @@ from tasks.config.tools import ToolSettings, tool_problems
 
 # Keys added since configs were first hashed: hashed only when set away from their default.
 ADDED_LATER = (
+    "evaluation.extractions",
+    "data.test_source",
+    "data.test_split",
     "data.worked_solution",
     "grpo.generation.vllm_server_timeout_s",
     "grpo.generation.vllm_kv_cache_gib",

@@ -63,6 +63,13 @@ class DataSettings(_Strict):
         None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
     )
     system_prompt: str | None = None
+    test_source: str | None = Field(
+        None,
+        description="A separate test set (the same forms as source, read with the same columns and kind), e.g. "
+        "hub:openai/gsm8k@main with test_split test: the final evaluation scores it instead of the hold-out carved "
+        "from train (which still steers GRPO); train rows whose prompt it holds are quarantined as leaks.",
+    )
+    test_split: str = Field("test", description="The split of test_source (a Hub dataset's).")
     holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     min_prompt_chars: int = Field(1, ge=1)
     max_prompt_chars: int = Field(4000, ge=1)
@@ -279,6 +286,11 @@ class EvaluationSettings(_Strict):
     batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
     bootstrap_resamples: int = Field(2000, ge=100)
     forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
+    extractions: list[Literal["gsm8k_strict", "gsm8k_flexible"]] = Field(
+        [],
+        description="Answer extractions scored beside the rewards, as published results score them: gsm8k_strict "
+        "(the number after ####), gsm8k_flexible (the last number); greedy accuracy and pass@1 of each, per model.",
+    )
     cache: bool = Field(
         True,
         description="Reuse a model's hold-out completions when the same model (by content), prompts, sampling "

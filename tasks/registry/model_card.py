@@ -31,7 +31,7 @@ TEMPLATE = """---
 ## Probes
 {{ probes }}
 
-## Hold-out evaluation
+## Evaluation
 {{ evaluation }}
 
 ## Promotion
@@ -77,7 +77,30 @@ def _table(evaluation: Any) -> str:
         if drop
     )
     engine = f"\n\nCompletions sampled by: {evaluation.engine}."
-    return "\n".join([head, rule, *rows]) + "\n\n" + comparisons + forgot + engine + _tool_table(evaluation)
+    tables = comparisons + forgot + engine + _extraction_table(evaluation) + _tool_table(evaluation)
+    return "\n".join([head, rule, *rows]) + "\n\n" + tables
+
+
+def _extraction_table(evaluation: Any) -> str:
+    """The answer extractions published results use (``evaluation.extractions``), per model; empty without."""
+    names = sorted({name for score in evaluation.scores.values() for name in getattr(score, "extractions", {})})
+    if not names:
+        return ""
+    head = "| model | " + " | ".join(f"{name} greedy | {name} pass@1" for name in names) + " |"
+    rows = [
+        f"| {model} | "
+        + " | ".join(
+            f"{_percent(score.extractions.get(name, {}).get('greedy'))} | "
+            f"{_percent(score.extractions.get(name, {}).get('pass_at_1'))}"
+            for name in names
+        )
+        + " |"
+        for model, score in evaluation.scores.items()
+    ]
+    return (
+        "\n\nAnswers read as published GSM8K results read them (strict: the number after `####`; flexible: the "
+        "last number), beside the rewards:\n\n" + "\n".join([head, "|---" * (2 * len(names) + 1) + "|", *rows])
+    )
 
 
 def _tool_table(evaluation: Any) -> str:
@@ -170,9 +193,11 @@ def version_card(
     low, high = scores.pass1_interval
     summary = (
         f"A LoRA adapter for `{config.model.source}` trained by grpoflow ({stage}) in pipeline run `{run_id}`. "
-        f"Hold-out: greedy accuracy {_percent(scores.greedy_accuracy)}, sampled pass@1 "
-        f"{_percent(scores.pass_at_k.get(1))} [{_percent(low)}, {_percent(high)}] on {scores.n_prompts} prompts."
+        f"{'Test set' if config.data.test_source else 'Hold-out'}: greedy accuracy {_percent(scores.greedy_accuracy)}, "
+        f"sampled pass@1 {_percent(scores.pass_at_k.get(1))} [{_percent(low)}, {_percent(high)}] on "
+        f"{scores.n_prompts} prompts."
     )
+    test = getattr(data, "test", None) or {}
     data_text = (
         f"- kind `{config.data.kind}`, source `{config.data.source}`, fingerprint `{data.fingerprint}`\n"
         + (
@@ -182,7 +207,14 @@ def version_card(
         )
         + f"- {data.rows_in} rows in: {data.rows_kept} kept, {data.rows_quarantined} quarantined; "
         f"{data.rows_train} train / {data.rows_holdout} hold-out\n"
-        f"- rewards: " + ", ".join(f"`{r.name}` × {r.weight:g}" for r in config.rewards)
+        + (
+            f"- evaluated on the test source `{test['source']}`: {test['rows_kept']} of {test['rows_in']} rows kept; "
+            f"{test.get('leaks', 0)} training rows whose prompt it holds were quarantined as leaks\n"
+            if test
+            else "- evaluated on the hold-out split carved from the training data\n"
+        )
+        + "- rewards: "
+        + ", ".join(f"`{r.name}` × {r.weight:g}" for r in config.rewards)
     )
     recipe = (
         f"- LoRA r={config.lora.r}, alpha={config.lora.alpha}, dropout={config.lora.dropout}, "

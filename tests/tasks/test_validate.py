@@ -304,3 +304,37 @@ def test_the_same_data_gives_the_same_split_digests(tiny_config, tiny_split, tmp
     assert (again.train_digest, again.holdout_digest) == (tiny_split.train_digest, tiny_split.holdout_digest)
     assert again.train_digest == fingerprint(read_jsonl(again.train_path)) != again.holdout_digest
     assert {"prompt", "ground_truth", "id"} <= set(again.columns)
+
+
+def test_a_test_source_is_checked_like_the_data_leaks_are_quarantined_and_evaluation_scores_it(tmp_path) -> None:  # noqa: ANN001
+    """data.test_source (the official test split, say) is read with the same columns and checks; a training row whose
+    prompt the test set holds is quarantined as a leak; nothing is lost; the final evaluation reads the test rows
+    (the hold-out still exists for GRPO's steering)."""
+    import json
+
+    from tasks.config import load_config
+    from tasks.evaluate import holdout_rows
+    from tasks.inputs import read_jsonl
+    from tasks.validate import run_validate
+
+    train = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"} for i in range(40)]
+    test = [{"question": f"What is {i} + 100?", "answer": f"#### {i + 100}"} for i in range(6)]
+    test.append({"question": "What is 3 + 3?", "answer": "#### 6"})  # also a training prompt: a leak
+    test.append({"question": "Broken?", "answer": "#### not a number"})  # a bad test row
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in test))
+    data = {
+        "source": str(tmp_path / "train.jsonl"),
+        "test_source": str(tmp_path / "test.jsonl"),
+        "columns": {"prompt": "question", "ground_truth": "answer"},
+        "holdout_fraction": 0.2,
+    }
+    config = load_config(overrides={"data": data, "evaluation.num_prompts": 5})
+    result = run_validate(config, tmp_path / "validate")
+    assert result.test["rows_in"] == 8 and result.test["rows_kept"] == 7 and result.test["leaks"] == 1
+    kept = read_jsonl(result.train_path) + read_jsonl(result.holdout_path)
+    assert len(kept) == 39 and "What is 3 + 3?" not in {row["prompt"] for row in kept}
+    reasons = [r["reasons"][0] for r in read_jsonl(result.quarantine_path)]
+    assert "leak: data.test_source holds this prompt" in reasons and len(reasons) == 2
+    scored = holdout_rows(config, result.holdout_path)
+    assert [row["prompt"] for row in scored] == [f"What is {i} + 100?" for i in range(5)]

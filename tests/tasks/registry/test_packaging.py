@@ -39,7 +39,7 @@ def test_a_version_loads_by_alias_and_predicts_with_its_card(registered_tiny, tm
     assert not [p for p in shipped if p.suffix in (".bin", ".pt", ".pkl", ".pickle", ".pth")], shipped
     card = ModelCard.load(local / "README.md")
     assert card.data.base_model == "tiny-random" and card.data.library_name == "peft"
-    assert "## Hold-out evaluation" in card.text and "mlflow.pyfunc.load_model" in card.text
+    assert "## Evaluation" in card.text and "mlflow.pyfunc.load_model" in card.text
     assert (local / "artifacts" / "adapter" / "README.md").read_text() == card.content
     adapter_config = json.loads((local / "artifacts" / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == "tiny-random"  # portable, not this machine's path
