@@ -115,7 +115,8 @@ def test_the_gsm8k_recipe_runs_as_shipped_on_the_cpu_through_vllm(tmp_path: Path
 
     rows = validated[:3]
     examples = sft_examples(rows, load_tokenizer(vllm_model_dir), config)
-    assert all(e["completion"].endswith(f"\\boxed{{{row['ground_truth']}}}") for e, row in zip(examples, rows, strict=True))
+    for example, row in zip(examples, rows, strict=True):
+        assert example["completion"].endswith(f"\\boxed{{{row['ground_truth']}}}"), example
     assert not any("<<" in e["completion"] or "####" in e["completion"] for e in examples)
     # The test source: its rows are what evaluation scored; the leaked training row was quarantined.
     report = json.loads((run / "validate" / "report.json").read_text())
