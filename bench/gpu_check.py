@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 BUNDLE = ROOT / ".gpu-check"
+RECIPE = ROOT / "configs" / "gsm8k-qwen2.5-0.5b.yaml"  # the one-GPU recipe whose GRPO shapes the check times
 SHAPE_DIR = "smollm2-135m-instruct-shape"  # config and tokenizer, no weights
 WHEELS_DIR = "wheels"
 # What the stage functions import that the lent GPU image does not have (its package list: the device tool's
@@ -294,6 +295,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
             "peak_gpu_gib": peak_gib(),
         }
 
+        if args.recipe_steps:
+            report["recipe"] = recipe_shapes(args, scratch, model_dir, train_path, sft.adapter_dir)
+
         # The probe/evaluation generation component on the trained policy (adapter merged), after one warm-up batch.
         tokenizer = load_tokenizer(model_dir)
         policy = load_policy(model_dir, grpo.adapter_dir)
@@ -325,6 +329,47 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def recipe_settings(args: argparse.Namespace) -> dict[str, int]:
+    """The GRPO shapes of the one-GPU GSM8K recipe (configs/gsm8k-qwen2.5-0.5b.yaml), unless the arguments say
+    others (the CPU rehearsal's)."""
+    import yaml
+
+    grpo = yaml.safe_load(RECIPE.read_text())["grpo"]
+    return {
+        "batch_size": args.recipe_batch or grpo["batch_size"],
+        "num_generations": args.recipe_generations or grpo["num_generations"],
+        "max_completion_length": args.recipe_tokens or grpo["max_completion_length"],
+    }
+
+
+def recipe_shapes(
+    args: argparse.Namespace, scratch: Path, model_dir: Path, train_path: Path, adapter_dir: Path
+) -> dict[str, Any]:
+    """GRPO steps at the recipe's batch and lengths (a random model writes to the length limit: the worst case), the
+    adapter kept apart from the bf16 weights as GRPO samples it, the sampler agreement checked every step: the step
+    time and the peak memory a GPU user's first run meets."""
+    from tasks.config import load_config
+    from tasks.grpo import run_grpo
+
+    shapes = recipe_settings(args)
+    base = check_config(args, scratch).model_dump(mode="json")
+    base["grpo"] |= {**shapes, "max_steps": args.recipe_steps}
+    config = load_config(overrides={key: value for key, value in base.items() if key != "name"})
+    timer = step_timer()
+    result = run_grpo(config, train_path, model_dir, adapter_dir, scratch / "grpo-recipe", [timer])
+    differences = [e["sampler/logp_difference/mean"] for e in result.history if "sampler/logp_difference/mean" in e]
+    lengths = [e["completions/mean_length"] for e in result.history if "completions/mean_length" in e]
+    return {
+        **shapes,
+        "steps": result.steps,
+        "step_s": steady(timer.seconds),
+        "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
+        "logp_difference_mean": sum(differences) / len(differences) if differences else None,
+        "logp_difference_max": max(differences) if differences else None,
+        "peak_gpu_gib": peak_gib(),
+    }
+
+
 def print_report(report: dict[str, Any]) -> None:
     def gib(value: float | None) -> str:
         return "—" if value is None else f"{value:.2f} GiB"
@@ -353,6 +398,19 @@ def print_report(report: dict[str, Any]) -> None:
             gib(generation["peak_gpu_gib"]),
         ),
     ]
+    if "recipe" in report:
+        recipe = report["recipe"]
+        agreement = recipe["logp_difference_mean"]
+        rows.append(
+            (
+                "GRPO step, GSM8K recipe's shapes",
+                f"{recipe['step_s']:.3f} s",
+                f"{recipe['batch_size']} completions ({recipe['num_generations']} per prompt) of ≤ "
+                f"{recipe['max_completion_length']} tokens (mean {recipe['mean_completion_tokens']:.0f}); sampler "
+                f"agreement {'—' if agreement is None else f'{agreement:.4f}'} mean |Δ log-prob|",
+                gib(recipe["peak_gpu_gib"]),
+            )
+        )
     print("| what | time / rate | sizes | peak GPU memory |\n|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
@@ -380,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--gen-samples", type=int, default=8)
     run.add_argument("--gen-tokens", type=int, default=64)
     run.add_argument("--gen-batch", type=int, default=256)
+    run.add_argument("--recipe-steps", type=int, default=2, help="GRPO steps at the GSM8K recipe's shapes (0: none)")
+    run.add_argument("--recipe-batch", type=int, help="default: the recipe's grpo.batch_size")
+    run.add_argument("--recipe-generations", type=int, help="default: the recipe's grpo.num_generations")
+    run.add_argument("--recipe-tokens", type=int, help="default: the recipe's grpo.max_completion_length")
     run.add_argument("--allow-cpu", action="store_true", help="run without CUDA (a smoke test of the script)")
     run.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)

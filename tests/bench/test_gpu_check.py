@@ -47,6 +47,14 @@ def test_gpu_check_runs_the_stage_functions_without_prefect_or_mlflow(tmp_path: 
         "8",
         "--gen-batch",
         "8",
+        "--recipe-steps",
+        "2",
+        "--recipe-batch",
+        "4",
+        "--recipe-generations",
+        "2",
+        "--recipe-tokens",
+        "6",
     ]
     command = [
         sys.executable,
@@ -72,6 +80,11 @@ def test_gpu_check_runs_the_stage_functions_without_prefect_or_mlflow(tmp_path: 
     assert 0 < report["grpo"]["mean_completion_tokens"] <= 8
     assert report["generation"]["new_tokens"] > 0 and report["generation"]["tokens_per_s"] > 0
     assert "| GRPO step |" in done.stdout  # the table a person reads, besides the JSON line
+    # The GSM8K recipe's GRPO shapes (here shrunk): its steps, lengths and the sampler agreement, every step.
+    recipe = report["recipe"]
+    assert recipe["steps"] == 2 and recipe["batch_size"] == 4 and recipe["max_completion_length"] == 6
+    assert 0 < recipe["mean_completion_tokens"] <= 6 and recipe["logp_difference_mean"] is not None
+    assert "| GRPO step, GSM8K recipe's shapes |" in done.stdout
 
 
 def test_every_carried_wheel_is_pinned_by_the_lock() -> None:
