@@ -46,6 +46,8 @@ from tasks.config.tools import ToolSettings, tool_problems
 
 # Keys added since configs were first hashed: hashed only when set away from their default.
 ADDED_LATER = (
+    "grpo.eval_margin",
+    "tools.concurrent_calls",
     "evaluation.extractions",
     "data.test_source",
     "data.test_split",
