@@ -46,12 +46,6 @@ from tasks.config.tools import ToolSettings, tool_problems
 
 # Keys added since configs were first hashed: hashed only when set away from their default.
 ADDED_LATER = (
-    "grpo.eval_margin",
-    "tools.concurrent_calls",
-    "evaluation.extractions",
-    "data.test_source",
-    "data.test_split",
-    "data.worked_solution",
     "grpo.generation.vllm_server_timeout_s",
     "grpo.generation.vllm_kv_cache_gib",
     "grpo.generation.vllm_adapter_dir",
@@ -70,6 +64,12 @@ ADDED_LATER = (
     "tools",
     *(f"grpo.{name}" for name in GRPOLossSettings.model_fields if name not in ("beta", "loss_type", "scale_rewards")),
     *(f"grpo.{name}" for name in GRPOSteeringSettings.model_fields),
+    # 2026-12-06; after "tools" (a section at its default is dropped whole, compared with every key of it)
+    "tools.concurrent_calls",
+    "evaluation.extractions",
+    "data.test_source",
+    "data.test_split",
+    "data.worked_solution",
 )
 
 
