@@ -143,6 +143,19 @@ class PipelineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _tools_on_a_server_from_one_process(self) -> PipelineConfig:
+        generation = self.grpo.generation
+        server = generation.vllm_mode == "server" and generation.backend != "transformers"
+        if self.tools.enabled and server and self.world_size() > 1:
+            raise ValueError(
+                f"tools.use with grpo.generation.vllm_mode server on {self.world_size()} processes "
+                "(orchestration.num_processes × nodes): TRL 1.16's tool loop asks the server for each round's turns "
+                "with every rank's rollouts at once and falls out of step when ranks have different numbers still "
+                "calling tools (an IndexError or a hang); use vllm_mode colocate, or one process"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tools_fit(self) -> PipelineConfig:
         problems = tool_problems(self.tools, self.grpo, self.evaluation)
         if problems:

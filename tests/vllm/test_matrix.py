@@ -11,6 +11,7 @@ Two nodes are local nodes under bubblewrap with a real MLflow server between the
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,6 @@ EXCLUSIVE = {frozenset(("vllm_colocate", "vllm_server"))}
 CASES = {
     "tools-judge-bf16-offpolicy": ("tools", "llm_judge", "bf16", "off_policy"),
     "tools-rewardmodel-selectbest-colocate": ("tools", "reward_model", "select_best", "vllm_colocate"),
-    "tools-server-twoprocesses": ("tools", "vllm_server", "two_processes"),
     "judge-twoprocesses-selectbest-colocate": ("llm_judge", "two_processes", "select_best", "vllm_colocate"),
     "selectbest-server-bf16-rewardmodel": ("select_best", "vllm_server", "bf16", "reward_model"),
     "bf16-colocate-offpolicy-twoprocesses": ("bf16", "vllm_colocate", "off_policy", "two_processes"),
@@ -66,6 +66,35 @@ CASES = {
 def all_pairs() -> set[frozenset[str]]:
     """Every pair of features that can be on together."""
     return {frozenset(pair) for pair in itertools.combinations(FEATURES, 2)} - EXCLUSIVE
+
+
+# Combinations refused at load (each of their pairs runs in CASES): the features, and the one line that names the keys.
+REFUSED = {
+    (
+        "tools",
+        "vllm_server",
+        "two_processes",
+    ): r"^\(top level\): tools\.use with grpo\.generation\.vllm_mode server on 2 processes",
+}
+
+
+def test_a_refused_combination_is_one_line_naming_its_keys(tmp_path: Path) -> None:
+    """TRL 1.16's tool loop on a vLLM server gathers each round's turns from every rank at once, and ranks with
+    different numbers of rollouts still calling tools fall out of step (an IndexError in one CI run; a hang when a
+    rank has none left): refused at load, before any work, rather than failing at a random step."""
+    from types import SimpleNamespace
+
+    from tasks.config import ConfigError
+
+    fake = {"plain": SimpleNamespace(url="http://127.0.0.1:9"), "tools": SimpleNamespace(url="http://127.0.0.1:9")}
+    for features, message in REFUSED.items():
+        base = "tiny-tools.yaml" if "tools" in features else "tiny.yaml"
+        with pytest.raises(ConfigError) as refused:
+            load_config(REPO / "configs" / base, _overrides(features, tmp_path, fake))
+        reason = str(refused.value).splitlines()[-1].strip()
+        assert re.search(message, reason), reason
+        covered = {frozenset(pair) for case in CASES.values() for pair in itertools.combinations(case, 2)}
+        assert {frozenset(pair) for pair in itertools.combinations(features, 2)} <= covered
 
 
 def test_the_cases_cover_every_pair() -> None:
