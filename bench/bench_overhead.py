@@ -23,7 +23,7 @@ from prefect import flow  # noqa: E402
 import tasks  # noqa: E402,F401  (telemetry off)
 from reward_fns.registry import build_reward_functions  # noqa: E402
 from tasks.config import load_config  # noqa: E402
-from tasks.grpo import grpo_examples, grpo_task, grpo_training_args, run_grpo  # noqa: E402
+from tasks.grpo import grpo_examples, grpo_task, run_grpo  # noqa: E402
 from tasks.layout import RunLayout  # noqa: E402
 from tasks.models import (  # noqa: E402
     load_policy,
@@ -31,7 +31,10 @@ from tasks.models import (  # noqa: E402
     resolve_model_source,  # noqa: E402
 )
 from tasks.tracking import finish_pipeline, start_pipeline  # noqa: E402
-from tasks.training import lora_config  # noqa: E402
+from tasks.training import (
+    grpo_training_args,  # noqa: E402
+    lora_config,  # noqa: E402
+)
 from tasks.validate import run_validate  # noqa: E402
 
 

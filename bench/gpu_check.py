@@ -231,7 +231,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     import trl
 
-    from tasks.grpo import grpo_trainer_class, run_grpo
+    from tasks.grpo import run_grpo
     from tasks.inputs import arithmetic_rows, render_prompt, write_jsonl
     from tasks.models import (
         GenerationStats,
@@ -243,6 +243,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     )
     from tasks.sft import run_sft
     from tasks.speedups import speedups_on
+    from tasks.training import grpo_trainer_class
 
     if not torch.cuda.is_available() and not args.allow_cpu:
         raise SystemExit("gpu-check: torch sees no CUDA device (--allow-cpu runs it on the CPU, for a smoke test)")

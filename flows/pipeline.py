@@ -15,7 +15,7 @@ from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop, UserError
 from tasks.evaluate import champion_task, evaluate_task, lineup
-from tasks.grpo_deployment import grpo_task_for
+from tasks.grpo import grpo_task_for
 from tasks.layout import RunLayout, write_atomically
 from tasks.preflight import preflight
 from tasks.probe import NoLearningSignal, probe_task, prompts_to_keep

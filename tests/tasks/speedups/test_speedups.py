@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-import tasks.grpo  # noqa: F401  (imports Prefect now: its logging set-up must not replace caplog's handler later)
+import tasks.grpo.stage  # noqa: F401  (imports Prefect now: its logging set-up must not replace caplog's handler later)
 import tasks.speedups as speedups
 from tasks.training import grpo_trainer_class
 

@@ -284,8 +284,9 @@ def test_rewards_get_every_column_and_a_reward_that_cannot_judge_stops_grpo(
     """A custom reward reads the user's own columns, in training as in evaluation; one that cannot judge (it
     raises) stops GRPO before evaluation and promotion, however short the run."""
     from tasks.evaluation import score_groups
-    from tasks.grpo import RewardNoneLimitExceeded, grpo_examples
+    from tasks.grpo import grpo_examples
     from tasks.models import load_tokenizer
+    from tasks.training import RewardNoneLimitExceeded
 
     (tmp_path / "column_rewards.py").write_text(
         "def by_difficulty(completions, difficulty, **kwargs):\n    return [float(d) for d in difficulty]\n"

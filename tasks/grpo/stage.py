@@ -1,5 +1,5 @@
-"""Stage 4, grpo: TRL ``GRPOTrainer`` continues training the SFT stage's LoRA adapter with the configured
-reward functions (weights reach TRL's ``reward_weights``).
+"""The GRPO stage's composition: the trainer built from the config (rewards with their weights as TRL's
+``reward_weights``, callbacks, the in-training hold-out, the sampler), and its Prefect task.
 Must not import: another stage's module; Prefect and MLflow appear only in its task wrapper. Private TRL internals
 live in ``tasks/speedups/``."""
 
@@ -15,7 +15,7 @@ from reward_fns.registry import CORRECTNESS_REWARD, build_reward_functions, rewa
 from tasks.config import PipelineConfig
 from tasks.environments import pipeline_tools
 from tasks.evaluation import verdict_cache
-from tasks.grpo_reports import report_selection, report_stop, tool_tags
+from tasks.grpo.reports import report_selection, report_stop, tool_tags
 from tasks.inputs import prompt_messages, read_jsonl, render_prompt
 from tasks.layout import (
     ADAPTER,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import PipelineConfig
-from tasks.grpo import grpo_task
+from tasks.grpo.stage import grpo_task
 from tasks.layout import HANDOFF_GRPO_ADAPTER, HANDOFF_SFT_ADAPTER, HANDOFF_TRAIN, HOLDOUT_FILE, RemoteGrpoRequest
 from tasks.tracking import Tracker, handoff_download, handoff_upload, prefect_task
 from tasks.training import Selection, TrainResult
