@@ -41,6 +41,7 @@ from tasks.training import (
     SignalStateSaver,
     SignalStop,
     TrainResult,
+    checkpoint_step,
     grpo_trainer_class,
     grpo_training_args,
     load_signal_state,
@@ -126,7 +127,7 @@ def run_grpo(
     scores_file = stage_dir / HOLDOUT_SCORES_FILE
     if resume_from is None:
         scores_file.unlink(missing_ok=True)  # a fresh run's evaluations only
-    resume_step = int(resume_from.name.rsplit("-", 1)[-1]) if resume_from else None
+    resume_step = checkpoint_step(resume_from) if resume_from else None
     holdout = (
         HoldoutEvaluation(config, base_model_dir, eval_rows, ledger, scores_file, resume_step) if eval_rows else None
     )
