@@ -22,6 +22,7 @@ import tasks.speedups.grpo_trainer as grpo_trainer  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.grpo import run_grpo  # noqa: E402
 from tasks.models import resolve_model_source  # noqa: E402
+from tasks.models.hardware import cpu_name  # noqa: E402
 from tasks.models.precision import bf16_supported  # noqa: E402
 from tasks.speedups.merged_copy import MergedCopy  # noqa: E402
 
@@ -75,9 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
-    print(f"CPU: {cpu}; native bf16: {bf16_supported()}; torch threads {torch.get_num_threads()}")
+    print(f"CPU: {cpu_name() or '?'}; native bf16: {bf16_supported()}; torch threads {torch.get_num_threads()}")
     results: dict[str, list[dict[str, float]]] = {"merged": [], "apart": []}
     for _ in range(args.rounds):
         for variant in ("merged", "apart"):

@@ -122,6 +122,25 @@ def _shared_prefill_trainer(precision, tiny_config, tiny_split, tiny_model_dir, 
     return trainer
 
 
+def _loss_batch(trainer, input_ids, attention, advantages, old_logps):  # noqa: ANN001, ANN202
+    """One GRPO loss batch for ``trainer`` on the shuffled batch: its prompt and completion parts, ``advantages``,
+    and old log-probs ``old_logps(the policy's own)``."""
+    import torch
+
+    trainer.current_gradient_accumulation_steps = 1
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention, 5)
+    return {
+        "prompt_ids": input_ids[:, :7],
+        "prompt_mask": attention[:, :7],
+        "completion_ids": input_ids[:, 7:],
+        "completion_mask": attention[:, 7:],
+        "advantages": advantages,
+        "old_per_token_logps": old_logps(logps),
+        "num_items_in_batch": attention[:, 7:].sum(),
+    }
+
+
 def _shuffled_batch():  # noqa: ANN202
     """A GRPO batch as TRL shuffles it: two prompts (one left-padded) of three samples each, completions
     right-padded."""
@@ -348,19 +367,9 @@ def test_every_loss_agrees_with_trl_on_the_shared_prefill_path(
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5])
     for name, loss in LOSSES.items():
         trainer = _shared_prefill_trainer("fp32", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, loss)
-        trainer.current_gradient_accumulation_steps = 1
         model = trainer.model
-        with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
-        inputs = {
-            "prompt_ids": input_ids[:, :7],
-            "prompt_mask": attention[:, :7],
-            "completion_ids": input_ids[:, 7:],
-            "completion_mask": attention[:, 7:],
-            "advantages": advantages,
-            "old_per_token_logps": logps + 0.3 * torch.randn_like(logps),  # off-policy: ratios far from 1
-            "num_items_in_batch": attention[:, 7:].sum(),
-        }
+        off_policy = lambda old: old + 0.3 * torch.randn_like(old)  # noqa: E731 - old log-probs: ratios far from 1
+        inputs = _loss_batch(trainer, input_ids, attention, advantages, off_policy)
         lora = [p for n, p in model.named_parameters() if "lora_" in n]
 
         def loss_and_grads(trainer=trainer, inputs=inputs, lora=lora, model=model):  # noqa: ANN001, ANN202
@@ -396,19 +405,8 @@ def test_gspo_weighs_whole_sequences_and_clip_higher_lets_through_what_plain_cli
 
     def loss_and_grads(loss: dict, shift: torch.Tensor, advantages: torch.Tensor) -> tuple:
         trainer = _shared_prefill_trainer("fp32", tiny_config, tiny_split, tiny_model_dir, tiny_adapter, tmp_path, loss)
-        trainer.current_gradient_accumulation_steps = 1
         model = trainer.model
-        with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, 5)
-        inputs = {
-            "prompt_ids": input_ids[:, :7],
-            "prompt_mask": attention[:, :7],
-            "completion_ids": input_ids[:, 7:],
-            "completion_mask": attention[:, 7:],
-            "advantages": advantages,
-            "old_per_token_logps": logps - shift,
-            "num_items_in_batch": attention[:, 7:].sum(),
-        }
+        inputs = _loss_batch(trainer, input_ids, attention, advantages, lambda logps: logps - shift)
         lora = [p for n, p in model.named_parameters() if "lora_" in n]
         model.zero_grad()
         value = trainer._compute_loss(model, inputs)
