@@ -22,6 +22,8 @@ from tasks.config import PipelineConfig, PromotionSettings
 from tasks.evaluate import EvalResult, ModelScores
 from tasks.evaluation import forgetting_metrics, forgetting_problem
 from tasks.registry import RegistryError, apply_promotion, promotion_lock, register_adapter, short_description
+from tasks.registry.packaging import adapter_in
+from tasks.serving.records import DIGEST_TAG, adapter_digest
 from tasks.tracking import (
     StageRun,
     Tracker,
@@ -198,6 +200,7 @@ def run_promote(
         stage.log_artifact(packed, artifact)
         scores = candidate if role == "candidate" else sft_scores
         tags = {**lineage, **(headline_tags(scores) if scores is not None else {})}
+        tags[DIGEST_TAG] = adapter_digest(adapter_in(packed))  # what `grpoflow serve` checks before serving it
         if role == "candidate":
             tags.update(
                 {
@@ -311,8 +314,11 @@ def promote_task(
     """Prefect wrapper: compare with the champion the candidate was evaluated against, else with the base
     model; register each version as an MLflow model with its card; a rejected candidate emits
     ``grpoflow.run.promotion-rejected``."""
+    from tasks.evaluate import holdout_rows
     from tasks.models import resolve_model_source
+    from tasks.models.precision import resolved_precision
     from tasks.registry import save_version_model, version_card
+    from tasks.serving import SmokeRecord, TransformersEngine, record_smoke, write_smoke_record
     from tasks.training import read_selection
 
     case = replace(PromotionCase.from_evaluation(evaluation), audit=tuple(reward_audit(config, tracker, evaluation)))
@@ -322,6 +328,14 @@ def promote_task(
     with tracked_stage(tracker, "promote") as stage, lock:
         base_dir = resolve_model_source(config.model.source, config.model.revision)
         selection = read_selection(tracker.layout.stage_dir("grpo"))  # which GRPO step's adapter this is
+        smoke_rows = holdout_rows(config, data.holdout_path)[: config.serving.smoke_prompts]
+        smoke_engine = None
+
+        def smoke_answers(adapter: Path) -> SmokeRecord:  # what `grpoflow serve` checks a version against
+            nonlocal smoke_engine
+            smoke_engine = smoke_engine or TransformersEngine(base_dir, resolved_precision(config.model.precision))
+            max_tokens = config.serving.smoke_max_tokens
+            return record_smoke(smoke_engine, adapter, smoke_rows, config.data.system_prompt, max_tokens)
 
         def package(role: str, adapter: Path, decision: str) -> tuple[Path, str]:
             if role == "candidate" and case.audit:
@@ -343,6 +357,8 @@ def promote_task(
             )
             destination = stage.dir / f"{role}-model"
             folder = save_version_model(adapter, destination, config.model.source, base_dir, config, card)
+            if smoke_rows:
+                write_smoke_record(folder, smoke_answers(adapter))
             return folder, summary
 
         tags = {

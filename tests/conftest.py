@@ -271,6 +271,185 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
     return config, pipeline(config, "tiny-e2e-1")
 
 
+# Registered versions made the way promote makes them (packaged as an MLflow model with its adapter digest and smoke
+# record), from adapters a test builds: what `grpoflow serve` follows (tests/flows/test_serve.py, tests/vllm).
+SERVE_PROMPTS = ("What is 2+3?", "What is 7*6?", "Name a prime number.")
+
+
+def variant_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
+    """A LoRA adapter over ``base_dir`` on the attention projections (layers vLLM takes too), its B matrices drawn
+    from ``seed`` so each seed answers differently."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    torch.manual_seed(seed)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(load_base_model(base_dir), lora)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def register_version(tmp_path_factory: pytest.TempPathFactory):
+    """``register_version(config, seed, smoke_answers=None, corrupt=False)``: a version of the config's registered
+    model holding ``variant_adapter(seed)``, packaged as promote packages one (``save_version_model``, the digest tag,
+    ``record_smoke`` on the smoke prompts); ``smoke_answers`` replaces the recorded answers (a version that fails
+    its smoke check), ``corrupt`` flips bytes of the stored adapter after registration (a digest mismatch)."""
+    from dataclasses import replace
+
+    from tasks.models import resolve_model_source
+    from tasks.models.precision import resolved_precision
+    from tasks.registry import client_for, register_adapter, save_version_model
+    from tasks.registry.packaging import adapter_in
+    from tasks.serving import DIGEST_TAG, TransformersEngine, adapter_digest, record_smoke, write_smoke_record
+
+    root = tmp_path_factory.mktemp("versions")
+    engines: dict[tuple[Path, str], TransformersEngine] = {}
+
+    def register(config: PipelineConfig, seed: int, smoke_answers: list[str] | None = None, corrupt: bool = False):
+        base_dir = resolve_model_source(config.model.source)
+        precision = resolved_precision(config.model.precision)
+        engine = engines.setdefault((base_dir, precision), TransformersEngine(base_dir, precision))
+        adapter = variant_adapter(base_dir, root / f"adapter-{seed}", seed)
+        folder = save_version_model(
+            adapter,
+            root / f"model-{seed}-{len(engines)}-{corrupt}",
+            config.model.source,
+            base_dir,
+            config,
+            "# a test version\n",
+        )
+        rows = [{"prompt": prompt} for prompt in SERVE_PROMPTS]
+        record = record_smoke(engine, adapter, rows, config.data.system_prompt, config.serving.smoke_max_tokens)
+        write_smoke_record(folder, replace(record, answers=smoke_answers) if smoke_answers else record)
+        client = client_for(config.resolved_tracking_uri())
+        experiment = client.get_experiment_by_name("serve-tests")
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment("serve-tests")
+        run = client.create_run(experiment_id)
+        client.log_artifacts(run.info.run_id, str(folder), "model")
+        client.set_terminated(run.info.run_id)
+        tags = {"base_model": config.model.source, DIGEST_TAG: adapter_digest(adapter_in(folder))}
+        version = register_adapter(client, config.tracking.registered_model_name, run.info.run_id, "model", tags)
+        if corrupt:  # the stored weights change after registration, as a damaged or replaced object would
+            stored = Path(run.info.artifact_uri.removeprefix("file://")) / "model/artifacts/adapter"
+            weights = stored / "adapter_model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-64:] = bytes(64)
+            weights.write_bytes(bytes(data))
+        return version
+
+    return register
+
+
+def http_post(url: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """POST ``body`` as JSON; the status, the JSON answer and the headers (lower-case names)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read()), {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}"), {k.lower(): v for k, v in exc.headers.items()}
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """GET ``url``: the status (0 when nothing answers) and the text."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``condition`` until it holds; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+class ServeClients:
+    """``count`` threads sending greedy chat requests to ``grpoflow serve`` in a loop, each result kept as
+    (prompt, status, answer, headers); a refused or dropped connection is a failed request (status -1)."""
+
+    def __init__(self, url: str, count: int, max_tokens: int) -> None:
+        self.url, self.max_tokens, self.results, self.stop = url, max_tokens, [], threading.Event()
+        self.threads = [threading.Thread(target=self.loop, args=(i,), daemon=True) for i in range(count)]
+
+    def loop(self, index: int) -> None:
+        turn = index
+        while not self.stop.is_set():
+            prompt = SERVE_PROMPTS[turn % len(SERVE_PROMPTS)]
+            messages = [{"role": "user", "content": prompt}]
+            body = {"messages": messages, "temperature": 0, "max_tokens": self.max_tokens}
+            try:
+                status, answer, headers = http_post(f"{self.url}/v1/chat/completions", body)
+            except OSError as exc:
+                status, answer, headers = -1, {"error": str(exc)}, {}
+            self.results.append((prompt, status, answer, headers))
+            turn += 1
+
+    def seen(self, version: str) -> bool:
+        """Whether the latest answers came from ``version``."""
+        return any(r[2].get("grpoflow", {}).get("version") == version for r in self.results[-8:])
+
+    def __enter__(self) -> ServeClients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+
+@dataclass
+class ServeHarness:
+    """``grpoflow serve`` as a user starts it (the real command, its own process group), and clients to load it."""
+
+    post: Callable[..., Any] = staticmethod(http_post)
+    get: Callable[..., Any] = staticmethod(http_get)
+    wait_for: Callable[..., float] = staticmethod(wait_for)
+    clients: type = ServeClients
+    prompts: tuple[str, ...] = SERVE_PROMPTS
+
+    @staticmethod
+    def start(config_args: list[str], log: Path, port: int, timeout: float = 180) -> Any:
+        """Start ``grpoflow serve`` with ``config_args`` on ``port``; returns the process once /health says 200."""
+        import subprocess
+        import sys
+
+        command = [sys.executable, "-m", "flows.cli", "serve", *config_args, "--port", str(port)]
+        with log.open("w") as out:
+            server = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http_get(f"{url}/health")[0] == 200 or server.poll() is not None, timeout, "serve answering")
+        assert server.poll() is None, log.read_text()[-3000:]
+        return server
+
+
+@pytest.fixture
+def serve_harness() -> ServeHarness:
+    return ServeHarness()
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 for the module (SQLite store, artifacts proxied through it, so a

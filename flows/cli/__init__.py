@@ -32,6 +32,7 @@ COMMANDS = (
     servers.up,
     servers.deploy,
     servers.vllm_serve,
+    servers.serve,
     servers.node_agent,
 )
 for _command in COMMANDS:

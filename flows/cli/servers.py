@@ -1,5 +1,6 @@
 """The servers and workers around runs: ``up`` (the MLflow and Prefect UIs), ``deploy`` (Prefect deployments),
-``vllm-serve`` (a vLLM server for GRPO's server mode) and ``node-agent`` (one node of a multi-node stage).
+``vllm-serve`` (a vLLM server for GRPO's server mode), ``serve`` (an OpenAI-compatible endpoint that follows a
+registry alias) and ``node-agent`` (one node of a multi-node stage).
 Must not import: a stage, torch or Prefect at import; must not hold service logic (``flows.services`` owns it).
 """
 
@@ -16,11 +17,15 @@ from flows.cli.common import (
     ConfigArg,
     ConfigOption,
     SetOption,
+    TrackingOption,
     config_from,
     console,
+    existing_store_uri,
+    setup_logging,
     store_uri,
 )
 from tasks.config import ConfigError
+from tasks.layout import command_dir
 
 
 def up(
@@ -199,6 +204,56 @@ def vllm_serve(
             process.wait()
     if code not in (None, 0, -15):
         raise SystemExit(code)
+
+
+def serve(
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="NAME@ALIAS (or NAME), or a config (YAML). Default: the config's registered model at serving.alias."
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    tracking_uri: TrackingOption = None,
+    set_: SetOption = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on. Default: serving.host (loopback).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port. Default: serving.port (8100).")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="vllm, transformers or auto. Default: serving.engine (auto).")
+    ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="A file holding the API key (default: GRPOFLOW_SERVE_API_KEY_FILE, else GRPOFLOW_SERVE_API_KEY)."
+        ),
+    ] = None,
+) -> None:
+    """Serve a registered model's alias (champion by default) on an OpenAI-compatible endpoint (/v1/chat/completions,
+    /v1/completions, /v1/models, /health, /metrics) and follow it: when the alias moves (promotion, rollback, the
+    watch's rollback) the new version is checked (adapter digest, smoke answers) and then answers new requests.
+    Beyond loopback it requires an API key (from a file or the environment). Ctrl-C stops it."""
+    from tasks.serving import api_key_from, serving_target
+    from tasks.serving import serve as run_server
+
+    setup_logging()
+    if target and target.endswith((".yaml", ".yml")):  # `grpoflow serve CONFIG`: the config's model and alias
+        target, config = None, config or Path(target)
+    cfg = config_from(None, set_, config)
+    uri = existing_store_uri(cfg, tracking_uri)
+    name, alias = serving_target(target, cfg.tracking.registered_model_name, cfg.serving.alias)
+    if engine not in (None, "auto", "vllm", "transformers"):
+        raise ConfigError(f"--engine must be auto, vllm or transformers, got {engine!r}")
+    run_server(
+        cfg,
+        uri,
+        name,
+        alias,
+        host or cfg.serving.host,
+        port or cfg.serving.port,
+        api_key_from(dict(os.environ), api_key_file),
+        engine or cfg.serving.engine,
+        command_dir(cfg.output_dir, "serve") / f"{name}-{alias}",
+    )
 
 
 def node_agent(

@@ -32,6 +32,7 @@ _EXPORTS = {
     "PromotionSettings": "settings",
     "RewardSpec": "settings",
     "SFTSettings": "settings",
+    "ServingSettings": "settings",
     "SignalStopSettings": "settings",
     "Speedups": "settings",
     "TaskKind": "settings",

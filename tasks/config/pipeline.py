@@ -37,6 +37,7 @@ from tasks.config.settings import (
     ProbeSettings,
     PromotionSettings,
     RewardSpec,
+    ServingSettings,
     SFTSettings,
     TrackingSettings,
     WatchSettings,
@@ -93,6 +94,7 @@ class PipelineConfig(_Strict):
     watch: WatchSettings = WatchSettings()
     canaries: CanarySettings = CanarySettings()
     tools: ToolSettings = ToolSettings()
+    serving: ServingSettings = ServingSettings()
 
     @field_validator("rewards")
     @classmethod
@@ -202,7 +204,7 @@ class PipelineConfig(_Strict):
         """A short content hash of everything that changes what a run produces (output paths excluded). Keys added
         after a release count only when set away from their default (``ADDED_LATER``), so an unchanged config keeps
         its hash: Prefect's stage cache and registered versions' ``config_hash`` tags stay valid."""
-        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration", "watch"})
+        payload = self.model_dump(mode="json", exclude={"output_dir", "tracking", "orchestration", "watch", "serving"})
         defaults = PipelineConfig().model_dump(mode="json")
         for dotted in ADDED_LATER:
             *parents, leaf = dotted.split(".")

@@ -354,6 +354,34 @@ class WatchSettings(_Strict):
     )
 
 
+class ServingSettings(_Strict):
+    """``grpoflow serve``: an OpenAI-compatible endpoint over the base model with the adapter ``alias`` points at,
+    following the alias as it moves (docs/serving.md)."""
+
+    alias: str = Field("champion", description="The registry alias whose version is served; a move is followed.")
+    engine: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="vllm where it is installed (runtime LoRA, two slots), else grpoflow's transformers engine."
+    )
+    host: str = Field("127.0.0.1", description="Address to listen on; beyond loopback an API key is required.")
+    port: int = Field(8100, ge=1, le=65535)
+    poll_interval_s: float = Field(5.0, gt=0, description="How often the registry's alias is read.")
+    smoke_prompts: int = Field(
+        3, ge=0, description="Hold-out prompts whose greedy answers a version records at registration (0: none)."
+    )
+    smoke_max_tokens: int = Field(48, ge=1, description="Tokens of each recorded (and checked) smoke answer.")
+    smoke_min_agreement: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="On another engine or precision than the recording's: the least mean share of each recorded "
+        "answer's characters the served one repeats from its start (the same engine and precision: identical).",
+    )
+    max_tokens_limit: int = Field(1024, ge=1, description="The most tokens one request may ask for.")
+    threads: int | None = Field(
+        None, ge=1, description="The transformers engine's compute threads per request (default: torch's, all cores)."
+    )
+
+
 class SlurmSettings(_Strict):
     """``orchestration.launcher: slurm``: the sbatch script the stage writes and submits (open-r1's shape)."""
 

@@ -48,6 +48,15 @@ def _auto_dtype() -> torch.dtype:
     return chosen
 
 
+def resolved_precision(precision: str) -> str:
+    """A precision setting as it runs on this machine: ``bf16`` or ``fp32`` (``auto`` chosen here).
+
+    >>> resolved_precision("fp32")
+    'fp32'
+    """
+    return "bf16" if resolve_dtype(precision) == torch.bfloat16 else "fp32"
+
+
 def merge_is_exact(precision: str) -> bool:
     """Whether folding a LoRA adapter into the weights keeps it, at this precision: in fp32, yes (to fp32's
     rounding); in bf16, no — the delta sits below bf16's resolution of the weight it is added to, so inference

