@@ -301,13 +301,12 @@ def register_version(tmp_path_factory: pytest.TempPathFactory):
     model holding ``variant_adapter(seed)``, packaged as promote packages one (``save_version_model``, the digest tag,
     ``record_smoke`` on the smoke prompts); ``smoke_answers`` replaces the recorded answers (a version that fails
     its smoke check), ``corrupt`` flips bytes of the stored adapter after registration (a digest mismatch)."""
-    from dataclasses import replace
+    import json
 
     from tasks.models import resolve_model_source
     from tasks.models.precision import resolved_precision
-    from tasks.registry import client_for, register_adapter, save_version_model
-    from tasks.registry.packaging import adapter_in
-    from tasks.serving import DIGEST_TAG, TransformersEngine, adapter_digest, record_smoke, write_smoke_record
+    from tasks.registry import client_for
+    from tasks.serving import SMOKE_FILE, TransformersEngine, register_served_version
 
     root = tmp_path_factory.mktemp("versions")
     engines: dict[tuple[Path, str], TransformersEngine] = {}
@@ -317,28 +316,16 @@ def register_version(tmp_path_factory: pytest.TempPathFactory):
         precision = resolved_precision(config.model.precision)
         engine = engines.setdefault((base_dir, precision), TransformersEngine(base_dir, precision))
         adapter = variant_adapter(base_dir, root / f"adapter-{seed}", seed)
-        folder = save_version_model(
-            adapter,
-            root / f"model-{seed}-{len(engines)}-{corrupt}",
-            config.model.source,
-            base_dir,
-            config,
-            "# a test version\n",
+        folder = root / f"model-{seed}-{len(list(root.iterdir()))}"
+        version, run_id = register_served_version(config, adapter, list(SERVE_PROMPTS), engine, folder)
+        stored = Path(
+            client_for(config.resolved_tracking_uri()).get_run(run_id).info.artifact_uri.removeprefix("file://")
         )
-        rows = [{"prompt": prompt} for prompt in SERVE_PROMPTS]
-        record = record_smoke(engine, adapter, rows, config.data.system_prompt, config.serving.smoke_max_tokens)
-        write_smoke_record(folder, replace(record, answers=smoke_answers) if smoke_answers else record)
-        client = client_for(config.resolved_tracking_uri())
-        experiment = client.get_experiment_by_name("serve-tests")
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment("serve-tests")
-        run = client.create_run(experiment_id)
-        client.log_artifacts(run.info.run_id, str(folder), "model")
-        client.set_terminated(run.info.run_id)
-        tags = {"base_model": config.model.source, DIGEST_TAG: adapter_digest(adapter_in(folder))}
-        version = register_adapter(client, config.tracking.registered_model_name, run.info.run_id, "model", tags)
+        if smoke_answers:  # the stored record changes: the version no longer answers as it says
+            record = json.loads((stored / "model" / SMOKE_FILE).read_text())
+            (stored / "model" / SMOKE_FILE).write_text(json.dumps(record | {"answers": smoke_answers}))
         if corrupt:  # the stored weights change after registration, as a damaged or replaced object would
-            stored = Path(run.info.artifact_uri.removeprefix("file://")) / "model/artifacts/adapter"
-            weights = stored / "adapter_model.safetensors"
+            weights = stored / "model/artifacts/adapter/adapter_model.safetensors"
             data = bytearray(weights.read_bytes())
             data[-64:] = bytes(64)
             weights.write_bytes(bytes(data))

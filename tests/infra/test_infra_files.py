@@ -97,3 +97,25 @@ def test_champion_watch_automation_is_a_valid_prefect_automation_on_its_events()
     assert parsed.actions[0].type == "send-notification"
     daily = {d["name"]: d for d in yaml.safe_load((INFRA / "prefect.yaml").read_text())["deployments"]}["daily"]
     assert daily["entrypoint"] == "flows/watch.py:watch_flow" and daily["schedules"][0]["cron"] == "0 6 * * *"
+
+
+def test_the_serve_service_and_deployment_follow_the_champion_behind_a_key_and_restart() -> None:
+    compose = yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+    serve = compose["services"]["serve"]
+    assert serve["command"].startswith("grpoflow serve ") and "--host 0.0.0.0" in serve["command"]
+    assert "GRPOFLOW_SERVE_API_KEY:?" in (INFRA / "docker-compose.yml").read_text()  # no key, no start beyond loopback
+    assert serve["environment"]["GRPOFLOW_SERVE_API_KEY"] and serve["restart"] == "unless-stopped"
+    assert "/health" in " ".join(serve["healthcheck"]["test"])
+    assert "GRPOFLOW_SERVE_API_KEY=" in (INFRA / ".env.example").read_text()
+    spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
+    deployment = {d["name"]: d for d in spec["deployments"]}["champion"]
+    assert deployment["entrypoint"] == "flows/serve.py:serve_flow" and deployment["parameters"]["alias"] == "champion"
+
+
+def test_prefect_yaml_names_the_locked_prefect() -> None:
+    locked = next(
+        line.split("==")[1]
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line.startswith("prefect==")
+    )
+    assert str(yaml.safe_load((INFRA / "prefect.yaml").read_text())["prefect-version"]) == locked

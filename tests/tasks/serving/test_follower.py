@@ -29,6 +29,8 @@ from tasks.serving import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
+# Starlette would have httpx2 under its test client; httpx is the client the lock has.
+pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx`:DeprecationWarning")
 
 
 def follower_for(config, alias: str, workdir: Path) -> AliasFollower:
