@@ -4,14 +4,11 @@ pipeline registers passes the serving checks, and the front answers OpenAI's sha
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import mlflow
-
-with warnings.catch_warnings():  # Starlette would have httpx2 under its test client; httpx is what the lock has
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from starlette.testclient import TestClient
+import pytest
+from starlette.testclient import TestClient
 
 from tasks.config import load_config
 from tasks.models import resolve_model_source
