@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
+import httpx
 import mlflow
-import pytest
-from starlette.testclient import TestClient
 
 from tasks.config import load_config
 from tasks.models import resolve_model_source
@@ -26,8 +26,28 @@ from tasks.serving import (
 )
 
 REPO = Path(__file__).resolve().parents[3]
-# Starlette would have httpx2 under its test client; httpx is the client the lock has.
-pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx`:DeprecationWarning")
+
+
+class InProcessClient:
+    """The app called in-process through httpx's ASGI transport (Starlette's test client wants httpx2)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        async def call() -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://serve") as c:
+                response = await c.request(method, path, **kwargs)
+                await response.aread()
+                return response
+
+        return anyio.run(call)
+
+    def get(self, path: str, **kwargs) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
 
 
 def follower_for(config, alias: str, workdir: Path) -> AliasFollower:
@@ -73,7 +93,7 @@ def test_the_front_speaks_openai_and_refuses_bad_requests_and_missing_keys(tmp_p
     follower = follower_for(config, CHAMPION, tmp_path / "served")
     metrics = ServingMetrics()
     app = build_app(follower, follower.engine, metrics, 16, api_key="s3cret")
-    http = TestClient(app)
+    http = InProcessClient(app)
     assert http.get("/health").status_code == 503  # nothing served yet
     move_champion(follower.client, "front-tiny", first, "test")
     assert follower.poll() == first and http.get("/health").json()["serving"] == f"front-tiny@champion:v{first}"
