@@ -368,7 +368,7 @@ class ServingSettings(_Strict):
     smoke_prompts: int = Field(
         3, ge=0, description="Hold-out prompts whose greedy answers a version records at registration (0: none)."
     )
-    smoke_max_tokens: int = Field(48, ge=1, description="Tokens of each recorded (and checked) smoke answer.")
+    smoke_max_tokens: int = Field(32, ge=1, description="Tokens of each recorded (and checked) smoke answer.")
     smoke_min_agreement: float = Field(
         0.5,
         ge=0,

@@ -54,6 +54,25 @@ def cpu_name() -> str:
     return ""
 
 
+def compute_device() -> str:
+    """What computes a model here, as far as it changes the numbers: the CUDA device's name, or the CPU's widest
+    matrix instructions (AMX, AVX-512 BF16, AVX-512, AVX2), with torch's version.
+
+    >>> compute_device().split(":")[0] in ("cuda", "cpu")
+    True
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name(0)}; torch {torch.__version__}"
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())  # noqa: SIM115
+    except (OSError, StopIteration):
+        flags = set()
+    isa = next((name for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if name in flags), "other")
+    return f"cpu:{isa}; torch {torch.__version__}"
+
+
 def this_machine() -> Hardware:
     """The machine this process runs on."""
     import torch

@@ -12,11 +12,13 @@ Must not import: Prefect, MLflow, the stages; torch and transformers only inside
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,9 +43,35 @@ class Completion:
     completion_tokens: int
 
 
+class ComputeTurns:
+    """One generation at a time; a turn asked with ``priority`` (the smoke check of a version about to take
+    traffic) goes before the requests waiting, so a switch does not wait behind the queue."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._busy = False
+        self._priority_waiting = 0
+
+    @contextlib.contextmanager
+    def turn(self, priority: bool = False) -> Iterator[None]:
+        with self._changed:
+            self._priority_waiting += priority
+            while self._busy or (not priority and self._priority_waiting):
+                self._changed.wait()
+            self._priority_waiting -= priority
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+
 class Engine(Protocol):
     name: str
     precision: str
+    device: str
 
     def load(self, key: str, adapter_dir: Path) -> None: ...
 
@@ -66,13 +94,15 @@ class TransformersEngine:
 
     def __init__(self, base_dir: Path, precision: str, threads: int | None = None) -> None:
         from tasks.models import load_tokenizer
+        from tasks.models.hardware import compute_device
 
         self.base_dir = Path(base_dir)
         self.precision = precision
+        self.device = compute_device()
         self.threads = threads  # torch's compute threads for requests (None: torch's default)
         self.tokenizer = load_tokenizer(self.base_dir)
         self._policies: dict[str, Any] = {}
-        self._compute = threading.Lock()  # one generation at a time: torch already uses every core for one
+        self._compute = ComputeTurns()  # one generation at a time: torch already uses every core for one
 
     def load(self, key: str, adapter_dir: Path) -> None:
         from tasks.models import load_policy
@@ -102,9 +132,10 @@ class TransformersEngine:
         n: int = 1,
         seed: int = 0,
         threads: int | None = None,
+        priority: bool = False,
     ) -> list[Completion]:
         """``threads``: compute on that many threads for this request (the smoke answers use one, so the recording
-        and the check add up in the same order on any machine)."""
+        and the check add up in the same order whatever the cores); ``priority``: before the requests waiting."""
         import torch
 
         from tasks.models import generate_completion_ids
@@ -114,7 +145,7 @@ class TransformersEngine:
             raise EngineError(f"no adapter {key} is loaded")
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         greedy = temperature <= 0
-        with self._compute:
+        with self._compute.turn(priority):
             before, wanted = torch.get_num_threads(), threads or self.threads
             if wanted:
                 torch.set_num_threads(wanted)
@@ -179,8 +210,10 @@ class VllmEngine:
         import httpx
 
         from tasks.models import VllmServerClient
+        from tasks.models.hardware import compute_device
 
         self.precision = precision
+        self.device = compute_device()
         self.on_cpu = on_cpu  # vLLM's CPU engine dies on a per-request seed (docs/judges.md): none is sent there
         self._key = secrets.token_urlsafe(24)
         self.url = f"http://127.0.0.1:{port}"
@@ -251,6 +284,7 @@ class VllmEngine:
         n: int = 1,
         seed: int = 0,
         threads: int | None = None,  # vLLM's own threads compute: set at its start
+        priority: bool = False,  # vLLM batches every request: nothing waits for a turn
     ) -> list[Completion]:
         from tasks.inputs.loading import prompt_messages
 
@@ -267,6 +301,7 @@ class VllmEngine:
         n: int = 1,
         seed: int = 0,
         threads: int | None = None,
+        priority: bool = False,
     ) -> list[Completion]:
         body = {"model": key, "prompt": prompt}
         return self._answers("/v1/completions", body | self._sampling(max_tokens, temperature, n, seed), False)

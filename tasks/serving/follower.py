@@ -236,14 +236,21 @@ class AliasFollower:
         else:
             try:
                 answers = [
-                    self.engine.chat(key, prompt, record.system_prompt, max_tokens=record.max_tokens, threads=1)[0].text
+                    self.engine.chat(
+                        key, prompt, record.system_prompt, max_tokens=record.max_tokens, threads=1, priority=True
+                    )[0].text
                     for prompt in record.prompts
                 ]
             except EngineError as exc:
                 self.engine.unload(key)
                 raise VersionRefused(f"smoke prompts failed: {exc}") from exc
             passed, said = smoke_verdict(
-                record, answers, self.engine.name, self.engine.precision, self.settings.smoke_min_agreement
+                record,
+                answers,
+                self.engine.name,
+                self.engine.precision,
+                self.settings.smoke_min_agreement,
+                self.engine.device,
             )
             if not passed:
                 self.engine.unload(key)
@@ -316,4 +323,5 @@ class AliasFollower:
             "refused": dict(self.refused),
             "engine": self.engine.name,
             "precision": self.engine.precision,
+            "device": self.engine.device,
         }

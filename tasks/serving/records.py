@@ -48,6 +48,7 @@ class SmokeRecord:
     precision: str
     max_tokens: int
     system_prompt: str | None = None
+    device: str = ""  # what computed them (tasks.models.hardware.compute_device): identity holds only on its like
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -87,10 +88,11 @@ def prefix_agreement(recorded: str, served: str) -> float:
 
 
 def smoke_verdict(
-    record: SmokeRecord, answers: list[str], engine: str, precision: str, min_agreement: float
+    record: SmokeRecord, answers: list[str], engine: str, precision: str, min_agreement: float, device: str = ""
 ) -> tuple[bool, str]:
     """Whether the served ``answers`` agree with the recorded ones, and why: every one identical on the
-    recording's engine and precision, else a mean prefix agreement of at least ``min_agreement``.
+    recording's engine, precision and device, else a mean prefix agreement of at least ``min_agreement`` (another
+    device, a GPU or another CPU's instructions, adds up in another order).
 
     >>> record = SmokeRecord([[{"role": "user", "content": "2+2?"}]], ["4"], "transformers", "fp32", 8)
     >>> same, other = ("transformers", "fp32"), ("vllm", "fp32")
@@ -101,7 +103,7 @@ def smoke_verdict(
     """
     if len(answers) != len(record.answers):
         return False, f"{len(answers)} smoke answers for {len(record.answers)} recorded"
-    if engine == record.engine and precision == record.precision:
+    if engine == record.engine and precision == record.precision and device == record.device:
         for index, (want, got) in enumerate(zip(record.answers, answers, strict=True)):
             if want != got:
                 return False, (
@@ -113,6 +115,7 @@ def smoke_verdict(
     mean = sum(shares) / len(shares) if shares else 1.0
     said = (
         f"smoke answers agree {mean:.2f} (mean prefix share) with the ones recorded on {record.engine}, "
-        f"{record.precision}, served on {engine}, {precision} (at least {min_agreement:.2f} needed)"
+        f"{record.precision} ({record.device or 'device not recorded'}), served on {engine}, {precision} ({device}) "
+        f"(at least {min_agreement:.2f} needed)"
     )
     return mean >= min_agreement, said

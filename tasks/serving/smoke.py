@@ -38,8 +38,9 @@ def record_smoke(
     engine.load(key, adapter_dir)
     try:
         answers = [
-            engine.chat(key, messages, system_prompt, max_tokens=max_tokens, threads=1)[0].text for messages in prompts
+            engine.chat(key, messages, system_prompt, max_tokens=max_tokens, threads=1, priority=True)[0].text
+            for messages in prompts
         ]
     finally:
         engine.unload(key)
-    return SmokeRecord(prompts, answers, engine.name, engine.precision, max_tokens, system_prompt)
+    return SmokeRecord(prompts, answers, engine.name, engine.precision, max_tokens, system_prompt, engine.device)
