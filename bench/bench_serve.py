@@ -133,6 +133,8 @@ def measure(engine: str, model: str, clients: int, phase_s: float, max_tokens: i
         first_new = min(r[0] + r[1] for r in records if r[3] == second)
         switched = min(r[0] for r in records if r[3] == second)  # the first request the new version took
         time.sleep(phase_s)
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as response:
+            last_switch = json.loads(response.read())["data"][0]["grpoflow"]["last_switch"]
         stop.set()
         for thread in threads:
             thread.join(600)
@@ -152,6 +154,7 @@ def measure(engine: str, model: str, clients: int, phase_s: float, max_tokens: i
         "clients": clients,
         "max_tokens": max_tokens,
         "startup_s": round(up_s, 1),
+        "ready_s": last_switch["prepare_s"],  # the server fetched, checked and loaded the new version in this
         "switch_s": round(switched - moved, 2),  # the move → the new version takes its first request
         "first_new_answer_s": round(first_new - moved, 2),
         "requests": len(records),
@@ -174,11 +177,14 @@ def main() -> None:
         row = measure(engine, args.model, args.clients, args.phase_s, args.max_tokens)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print("\n| engine | switch (s) | first new answer (s) | p50 / p95 before (s) | during | after | failed |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| engine | ready (s) | switch (s) | first new answer (s) | p50 / p95 before (s) | during | after | failed |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [f"{r[p]['p50_s']} / {r[p]['p95_s']}" for p in ("before", "during", "after")]
-        print(f"| {r['engine']} | {r['switch_s']} | {r['first_new_answer_s']} | {' | '.join(cells)} | {r['failed']} |")
+        timing = f"{r['ready_s']} | {r['switch_s']} | {r['first_new_answer_s']}"
+        print(f"| {r['engine']} | {timing} | {' | '.join(cells)} | {r['failed']} |")
     print(f"\n{rows[0]['cpu']}, {rows[0]['cores']} cores; {args.clients} clients, {args.max_tokens} tokens greedy")
 
 

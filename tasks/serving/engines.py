@@ -18,6 +18,7 @@ import os
 import secrets
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,21 +45,23 @@ class Completion:
 
 
 class ComputeTurns:
-    """One generation at a time; a turn asked with ``priority`` (the smoke check of a version about to take
-    traffic) goes before the requests waiting, so a switch does not wait behind the queue."""
+    """One generation at a time, in the order asked (no request waits behind later ones); a turn asked with
+    ``priority`` (the smoke check of a version about to take traffic) goes before the requests waiting, so a switch
+    does not wait behind the queue."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
+        self._waiting: deque[object] = deque()
         self._busy = False
-        self._priority_waiting = 0
 
     @contextlib.contextmanager
     def turn(self, priority: bool = False) -> Iterator[None]:
+        ticket = object()
         with self._changed:
-            self._priority_waiting += priority
-            while self._busy or (not priority and self._priority_waiting):
+            (self._waiting.appendleft if priority else self._waiting.append)(ticket)
+            while self._busy or self._waiting[0] is not ticket:
                 self._changed.wait()
-            self._priority_waiting -= priority
+            self._waiting.popleft()
             self._busy = True
         try:
             yield
