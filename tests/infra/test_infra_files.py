@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,12 @@ def test_prefect_yaml_names_the_locked_prefect() -> None:
         if line.startswith("prefect==")
     )
     assert str(yaml.safe_load((INFRA / "prefect.yaml").read_text())["prefect-version"]) == locked
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml") if "data" not in p.parts)
+)
+def test_every_config_opens_with_the_command_that_launches_it(path: str) -> None:
+    lines = (ROOT / path).read_text().splitlines()
+    opening = "\n".join(line for line in lines[: next(i for i, text in enumerate(lines) if not text.startswith("#"))])
+    assert f"grpoflow run {path}" in opening or re.search(r"`?make demo[-\w]*`?", opening), opening
