@@ -17,9 +17,10 @@ from tasks.errors import GateStop, UserError
 from tasks.evaluate import champion_task, evaluate_task, lineup
 from tasks.grpo import grpo_task_for
 from tasks.layout import RunLayout, write_atomically
+from tasks.models.hardware import machine_facts
 from tasks.preflight import preflight
 from tasks.probe import NoLearningSignal, probe_task, prompts_to_keep
-from tasks.promote import promote_task
+from tasks.promote import git_commit, promote_task
 from tasks.sft import sft_task
 from tasks.tracking import (
     announce_skipped,
@@ -66,6 +67,13 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
         config, validate_task, probe_task, sft_task, grpo_task_for(config), champion_task, evaluate_task
     )
     summary: dict[str, Any] = {"run_id": run_id, "run_dir": str(layout.run_dir), "probes": {}}
+    started = time.monotonic()  # what the run's figures were measured on, and how long it took (README's tables)
+    summary["run"] = {
+        "config_hash": config.config_hash(),
+        "commit": git_commit(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_facts(config.model.precision),
+    }
     summary["mlflow"] = {
         "tracking_uri": tracker.tracking_uri,
         "experiment_id": tracker.experiment_id,
@@ -111,6 +119,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
             raise
         finally:
             summary["probes"] = {label: result.to_json() for label, result in summary["probes"].items()}
+            summary["run"]["wall_seconds"] = round(time.monotonic() - started, 1)
             close_pipeline(tracker, status, summary)  # never hides the stage's own error
             write_atomically(layout.summary_path, json.dumps(summary, indent=2, default=str))
     return summary

@@ -263,6 +263,40 @@ def ensure_work_pool(name: str = CPU_POOL, pool_type: str = "process", env: dict
         raise ServiceError(f"cannot create work pool {name!r}: {created.stdout[-500:]} {created.stderr[-500:]}")
 
 
+def schedule_file(
+    config_path: Path, cron: str, name: str | None = None, pool: str = CPU_POOL, timezone: str = "UTC"
+) -> str:
+    """A Prefect deployment file with one deployment: the pipeline on ``config_path`` on a cron schedule
+    (``grpoflow deploy CONFIG``), named ``nightly-<config name>`` unless ``name`` is given. The config path is kept
+    relative to the project (workers find it under GRPOFLOW_HOME) where it lies inside it.
+
+    >>> import yaml
+    >>> spec = yaml.safe_load(schedule_file(PROJECT_ROOT / "configs/tiny.yaml", "0 3 * * *"))
+    >>> spec["deployments"][0]["name"], spec["deployments"][0]["parameters"]["config_path"]
+    ('nightly-tiny', 'configs/tiny.yaml')
+    """
+    import yaml
+
+    from tasks.config import ConfigError, load_config
+
+    config_path = Path(config_path).resolve()
+    config = load_config(config_path)  # a config that does not load is said here, not at 2 a.m.
+    if len(cron.split()) != 5:
+        raise ConfigError(f"--cron takes five fields (minute hour day month weekday), got {cron!r}")
+    shown = config_path.relative_to(PROJECT_ROOT) if config_path.is_relative_to(PROJECT_ROOT) else config_path
+    deployment = {
+        "name": name or f"nightly-{config.name}",
+        "entrypoint": "flows/deploy.py:scheduled_pipeline",
+        "description": f"The pipeline on {shown.as_posix()} on the schedule {cron} ({timezone}); skips training when "
+        "the config and data are unchanged since the last completed run.",
+        "parameters": {"config_path": shown.as_posix(), "skip_unchanged": True},
+        "work_pool": {"name": pool},
+        "schedules": [{"cron": cron, "timezone": timezone}],
+    }
+    spec = yaml.safe_load(PREFECT_FILE.read_text())
+    return yaml.safe_dump({**{k: spec[k] for k in ("name", "prefect-version", "pull")}, "deployments": [deployment]})
+
+
 def deploy(prefect_file: Path = PREFECT_FILE, env: dict[str, str] | None = None) -> list[str]:
     """Register every deployment of ``prefect_file`` (the pipeline on its schedule, rollback, GRPO) with the
     Prefect server at ``PREFECT_API_URL``, creating the CPU work pool first; returns their names."""

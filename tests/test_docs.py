@@ -96,3 +96,19 @@ def test_no_page_names_a_config_key_that_does_not_exist() -> None:
         if missing:
             unknown[str(page.relative_to(REPO))] = missing
     assert unknown == {}
+
+
+def test_readmes_demo_tables_were_rendered_from_the_shipped_config() -> None:
+    import importlib.util
+
+    from tasks.config import load_config
+
+    spec = importlib.util.spec_from_file_location("render_demo_table", REPO / "bench" / "render_demo_table.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    blocks = render.block_attributes((REPO / "README.md").read_text())
+    assert {block["precision"] for block in blocks} == {"bf16", "fp32"}
+    for block in blocks:
+        overrides = dict(item.split("=", 1) for item in block["set"].split())
+        shipped = load_config(REPO / "configs" / "demo.yaml", overrides).config_hash()
+        assert block["config"] == shipped, f"README's {block['precision']} table is from another config: render it again"

@@ -73,19 +73,41 @@ def up(
 
 
 def deploy(
+    config: ConfigArg = None,
     prefect_file: Annotated[Path | None, typer.Option(help="Deployment file. Default: infra/prefect.yaml")] = None,
+    cron: Annotated[
+        str,
+        typer.Option(help="With CONFIG: when the pipeline runs (cron, five fields). Default: every night at 02:00."),
+    ] = "0 2 * * *",
+    name: Annotated[
+        str | None, typer.Option(help="With CONFIG: the deployment's name. Default: nightly-<name>.")
+    ] = None,
+    pool: Annotated[str, typer.Option(help="With CONFIG: the work pool that runs it.")] = "grpoflow-cpu",
+    timezone: Annotated[str, typer.Option(help="With CONFIG: the schedule's time zone.")] = "UTC",
 ) -> None:
-    """Register the deployments (nightly pipeline, rollback, GRPO) with the Prefect server at PREFECT_API_URL
-    (or a running grpoflow up)."""
+    """Register deployments with the Prefect server at PREFECT_API_URL (or a running grpoflow up). Without CONFIG:
+    those of infra/prefect.yaml (nightly pipeline, champion watch, rollback, GRPO, serving). With CONFIG: the
+    pipeline on that config on its own schedule (--cron), as grpoflow-scheduled/nightly-<name>."""
+    import tempfile
 
-    from flows.services import PREFECT_FILE, running_up
+    from flows.services import PREFECT_FILE, running_up, schedule_file
     from flows.services import deploy as register
 
     up = running_up()
     env = {"PREFECT_API_URL": up["prefect_api_url"]} if up and not os.environ.get("PREFECT_API_URL") else None
-    names = register(prefect_file or PREFECT_FILE, env)
+    if config is not None:
+        if prefect_file is not None:
+            raise ConfigError("give CONFIG (a schedule of your own) or --prefect-file, not both")
+        with tempfile.TemporaryDirectory() as scratch:
+            file = Path(scratch) / "prefect.yaml"
+            file.write_text(schedule_file(config, cron, name, pool, timezone))
+            names = register(file, env)
+    else:
+        names = register(prefect_file or PREFECT_FILE, env)
     console.print("registered: " + ", ".join(names))
-    console.print("start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool grpoflow-cpu")
+    console.print(
+        f"start a worker: GRPOFLOW_HOME=$PWD prefect worker start --pool {pool if config else 'grpoflow-cpu'}"
+    )
 
 
 def vllm_serve(

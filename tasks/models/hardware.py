@@ -73,6 +73,23 @@ def compute_device() -> str:
     return f"cpu:{isa}; torch {torch.__version__}"
 
 
+def machine_facts(precision: str) -> dict[str, Any]:
+    """What a run's figures need to say about the machine: the CPU, its widest instructions (or the GPU), its cores,
+    and the precision ``precision`` ran in here.
+
+    >>> sorted(machine_facts("fp32"))
+    ['cores', 'cpu', 'device', 'precision']
+    """
+    from tasks.models.precision import resolved_precision
+
+    return {
+        "cpu": cpu_name(),
+        "device": compute_device(),
+        "cores": len(os.sched_getaffinity(0)),
+        "precision": resolved_precision(precision),
+    }
+
+
 def this_machine() -> Hardware:
     """The machine this process runs on."""
     import torch

@@ -141,6 +141,7 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
         "grpoflow-rollback/rollback",
         "grpoflow-grpo/grpo",
         "grpoflow-grpo/grpo-gpu",
+        "grpoflow-serve/champion",
     } <= set(names)
     schedules = _get(f"{services.prefect_api_url}/deployments/name/grpoflow-scheduled/nightly")["schedules"]
     assert schedules[0]["schedule"]["cron"] == "0 2 * * *"
@@ -331,3 +332,21 @@ def test_up_serves_the_store_and_the_prefect_runs_a_local_run_wrote(registered_t
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=60)
     assert running_up() is None
+
+
+@pytest.mark.xdist_group("services-stack")
+def test_a_config_of_ones_own_is_scheduled_by_deploy_config(stack) -> None:
+    services, env, _, tmp_path = stack
+    own = tmp_path / "my-nightly.yaml"  # a config outside the project: its absolute path is what workers read
+    own.write_text("extends: " + str(PROJECT_ROOT / "configs" / "tiny.yaml") + "\nname: mine\n")
+    command = [_bin("grpoflow"), "deploy", str(own), "--cron", "30 4 * * 1-5", "--timezone", "Europe/Paris"]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "grpoflow-scheduled/nightly-mine" in done.stdout
+    deployment = _get(f"{services.prefect_api_url}/deployments/name/grpoflow-scheduled/nightly-mine")
+    assert deployment["parameters"]["config_path"] == str(own)
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in deployment["schedules"]] == [
+        ("30 4 * * 1-5", "Europe/Paris")
+    ]
+    refused = subprocess.run([*command[:3], "--cron", "nightly"], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "five fields" in refused.stderr
