@@ -111,4 +111,4 @@ def test_readmes_demo_tables_were_rendered_from_the_shipped_config() -> None:
     for block in blocks:
         overrides = dict(item.split("=", 1) for item in block["set"].split())
         shipped = load_config(REPO / "configs" / "demo.yaml", overrides).config_hash()
-        assert block["config"] == shipped, f"README's {block['precision']} table is from another config: render it again"
+        assert block["config"] == shipped, f"README's {block['precision']} table: another config"
