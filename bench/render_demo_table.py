@@ -4,7 +4,7 @@ CPU, its instructions, precision, cores, whether caches were warm, the date). Th
 was measured on (``tests/test_docs.py`` fails when that is not the shipped ``configs/demo.yaml``'s).
 
     make demo                                    # or: grpoflow run configs/demo.yaml --set model.precision=fp32
-    .venv/bin/python bench/render_demo_table.py outputs/demo/<run>/summary.json --caches warm --write README.md
+    .venv/bin/python bench/render_demo_table.py outputs/demo/<run>/summary.json --caches 'venv and model cached' --write README.md
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def render(summary: dict, overrides: list[str], caches: str) -> str:
         "",
         "; ".join(said) + ".",
         f"`make demo`{' --set ' + ' --set '.join(overrides) if overrides else ''}: {minutes(run['wall_seconds'])} "
-        f"(caches {caches}), commit {run['commit'][:7]}, {cpu} ({isa}), {machine['cores']} cores, "
+        f"({caches}), commit {run['commit'][:7]}, {cpu} ({isa}), {machine['cores']} cores, "
         f"{machine['precision']}, {run['started_at'][:10]}.",
         "<!-- end demo-table -->",
     ]
@@ -102,7 +102,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("summary", type=Path)
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="The --set the run was given.")
-    parser.add_argument("--caches", choices=["warm", "cold"], required=True, help="Package and model caches.")
+    parser.add_argument(
+        "--caches", required=True, help="What was cached before the run, e.g. 'venv and model warm, evaluation cold'."
+    )
     parser.add_argument("--write", type=Path, help="Replace the block of the same precision in this file.")
     args = parser.parse_args()
     block = render(json.loads(args.summary.read_text()), args.overrides, args.caches)

@@ -51,3 +51,9 @@ def test_the_example_runs_on_the_tiny_model_and_its_reward_gets_its_own_column(t
     route = summary["probes"]["base"]["per_function"]["route_reward"]
     assert route["none"] == 0 and route["mean"] == route["mean"]  # scored every sample: `priority` reached it
     assert summary["data"]["rows_kept"] == 120 and summary["promotion"]["version"] == "1"
+    # docs/howto/own-reward.md: a reward tried on the finished run's samples (its canaries first)
+    sets = [item for key, value in TINY.items() for item in ("--set", f"{key}={value}")]
+    args = ["rescore", "byod", "--reward", "routing_rewards:route_reward", "--config", str(EXAMPLE), *sets]
+    result = CliRunner().invoke(_Command(), [*args, "--set", f"output_dir={tmp_path / 'out'}"])  # type: ignore[arg-type]
+    assert result.exit_code == 0, result.output
+    assert "route_reward" in result.output
