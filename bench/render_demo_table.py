@@ -4,7 +4,8 @@ CPU, its instructions, precision, cores, whether caches were warm, the date). Th
 was measured on (``tests/test_docs.py`` fails when that is not the shipped ``configs/demo.yaml``'s).
 
     make demo                                    # or: grpoflow run configs/demo.yaml --set model.precision=fp32
-    .venv/bin/python bench/render_demo_table.py outputs/demo/<run>/summary.json --caches 'venv and model cached' --write README.md
+    .venv/bin/python bench/render_demo_table.py outputs/demo/<run>/summary.json --write README.md \\
+        --caches 'venv and model cached, evaluation cold'
 """
 
 from __future__ import annotations
