@@ -1,8 +1,8 @@
-"""Jobs on both halves of the machine (evaluation's sampling and forgetting check of each model, the probes'
-batches): this process and one forked worker, each with half the torch threads, take the next job whose
-dependencies are done. On a small CPU, one model's decoding does not keep two threads busy (docs/performance.md:
-sampling runs 1.5× faster on two threads than on one, the likelihood passes 1.8×), so two jobs side by side finish
-sooner than each on both threads in turn.
+"""Jobs on both halves of the machine (evaluation's sampling and forgetting check of each model, the probes' batches):
+this process and one forked worker, each with half the torch threads, take the next job whose dependencies are done.
+On a small CPU, one model's decoding does not keep two threads busy (docs/measurements/performance.md: sampling runs
+1.5× faster on two threads than on one, the likelihood passes 1.8×), so two jobs side by side finish sooner than
+each on both threads in turn.
 
 A job's result does not depend on the process or the thread count it ran with (tested: the evaluation table is
 the same to the bit with one process or two). The worker is forked when the jobs start, so it shares everything

@@ -9,8 +9,8 @@ call (``packed_for_inference``) rather than prepared on every product.
 The decoding loop is this module's own (``_decode``) for the settings GRPO and evaluation use (temperature,
 top-k, top-p, min-p, greedy): ``generate`` samples with ``torch.multinomial``, which draws a random number per
 vocabulary entry (so does the exponential race, ``argmax(p / E)``), a large share of a decoding step on CPU
-(README, Performance). Here a token is drawn by inverting the cumulative distribution with one uniform number
-per row. Any other generation setting
+(docs/measurements/performance.md). Here a token is drawn by inverting the cumulative distribution with one
+uniform number per row. Any other generation setting
 (repetition penalty, suppressed tokens, ...) goes to ``generate``.
 Must not import: Prefect, MLflow, the stages (probe, evaluation and GRPO's sampler call it).
 """

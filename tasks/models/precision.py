@@ -89,5 +89,5 @@ def device() -> torch.device:
 
 def attention_implementation() -> str:
     """Eager attention on CPU, transformers' default (SDPA) on GPU: on CPU, PyTorch's SDPA kernel measured
-    slower than eager attention at GRPO's sizes (README, Performance)."""
+    slower than eager attention at GRPO's sizes (docs/measurements/performance.md)."""
     return "sdpa" if torch.cuda.is_available() else "eager"

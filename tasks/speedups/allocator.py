@@ -5,7 +5,7 @@ Training and decoding free and allocate the same large activations at every step
 the heap goes back to the system once 64 MB of it is free, and blocks above a threshold that moves are mapped
 afresh, so each step touched new pages again: the demo's SFT took 1.2–1.4 million page faults and 3.8–4.0 s of
 system time in 8 steps, 0.6 million and 1.9–2.2 s with these settings, and its 8 steps 6–18 % less time
-(README, Performance). The cost: a process keeps up to about 1.3 GB it has freed, for its next allocations.
+(docs/measurements/performance.md). The cost: a process keeps up to about 1.3 GB it has freed, for its next allocations.
 
 Numbers do not change (where memory comes from, not what is computed). A user's own ``MALLOC_*`` settings win;
 elsewhere than glibc nothing is done.

@@ -21,7 +21,7 @@ class PackedLinear(torch.nn.Module):
     """An inference-only ``nn.Linear`` whose weight is stored in oneDNN's blocked layout, in ``dtype``.
 
     A plain bf16 ``linear`` on CPU prepares its weight for oneDNN on every call; packed once, decoding reads
-    the weights faster and the results are bit-identical in bf16 (README, Performance, has the measurements).
+    the weights faster and the results are bit-identical in bf16 (measured: docs/measurements/performance.md).
     The input is cast to ``dtype`` (what autocast does) and so is the output.
     """
 

@@ -109,7 +109,7 @@ def lora_config(config: PipelineConfig) -> Any:
 def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_steps: int = 0) -> dict[str, Any]:
     """Arguments both TRL configs take. Weights carry the precision (bf16 weights are where the speed is),
         so the trainers' autocast stays off; gradient checkpointing is off (it costs more than it saves on small
-    models, README, Performance)."""
+    models: docs/measurements/performance.md)."""
     on_gpu = torch.cuda.is_available()
     return {
         "output_dir": str(output_dir),
