@@ -183,17 +183,25 @@ def prune(store: CheckpointStore, keep: int, protect: str | None = None) -> list
 
 def restore_newest(store: CheckpointStore, checkpoints_dir: Path) -> str | None:
     """Copy the store's newest complete checkpoint into ``checkpoints_dir`` (where the trainer resumes from);
-    returns its name, or None when the store has none."""
+    returns its name, or None when the store has none. The store is the authority: local checkpoints newer than the
+    one chosen (a node's own that never became complete everywhere) are discarded, and the chosen one replaces any
+    local copy of the same name, so every node resumes from exactly the same checkpoint."""
     names = store.complete()
     if not names:
         return None
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    chosen = int(names[0].split("-")[1])
+    for local in newest_first([p.name for p in checkpoints_dir.iterdir() if p.is_dir()]):
+        if int(local.split("-")[1]) > chosen:
+            logger.warning("%s: newer than the newest complete checkpoint (%s); discarded", local, names[0])
+            shutil.rmtree(checkpoints_dir / local)
     destination = checkpoints_dir / names[0]
-    if not destination.exists():
-        store.fetch(names[0], destination)
+    shutil.rmtree(destination, ignore_errors=True)
+    store.fetch(names[0], destination)
     best = best_checkpoint_name(destination)
-    if best and best != names[0] and best in names and not (checkpoints_dir / best).exists():
-        store.fetch(best, checkpoints_dir / best)  # grpo.select best hands on its adapter at the end
+    if best and best != names[0] and best in names:  # grpo.select best hands on its adapter at the end
+        shutil.rmtree(checkpoints_dir / best, ignore_errors=True)
+        store.fetch(best, checkpoints_dir / best)
     logger.info("restored %s from %s: GRPO continues from it", names[0], store.where)
     return names[0]
 
@@ -219,7 +227,8 @@ class CheckpointMirror(TrainerCallback):
     """After each checkpoint the trainer saves: copy it to the store, then prune the store to the newest ``keep``
     (``orchestration.keep_checkpoints``, the trainer's own limit too). Runs after the callbacks that add files to
     the checkpoint (the signal guards' pool). Each node's first process copies its node's part; with several
-    processes it first waits (``wait_s`` at most) for ``random_states``, the files the node's processes write."""
+    processes it first waits (``wait_s`` at most) for ``random_states``, the files the node's processes write, and a
+    checkpoint still missing one is not copied (no marker says it is complete)."""
 
     def __init__(
         self, store: CheckpointStore, keep: int, random_states: list[str] | None = None, wait_s: float = 60
@@ -235,8 +244,14 @@ class CheckpointMirror(TrainerCallback):
         while time.monotonic() < deadline and not all((checkpoint / f).is_file() for f in self.random_states):
             time.sleep(0.05)
         missing = [f for f in self.random_states if not (checkpoint / f).is_file()]
-        if missing:
-            logger.warning("%s: %s not written after %.0f s; copied without", checkpoint, missing, self.wait_s)
+        if missing:  # a resume from it would lose those processes' random state: it is not this node's whole part
+            logger.error(
+                "%s: %s not written after %.0f s; not copied, so a resume takes the newest complete one before it",
+                checkpoint,
+                ", ".join(missing),
+                self.wait_s,
+            )
+            return
         self.store.put(checkpoint)
         best = Path(state.best_model_checkpoint).name if getattr(state, "best_model_checkpoint", None) else None
         pruned = prune(self.store, self.keep, best) if state.is_world_process_zero else []

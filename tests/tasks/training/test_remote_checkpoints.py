@@ -103,3 +103,35 @@ def test_a_node_whose_base_model_differs_stops_naming_itself(tmp_path: Path) -> 
 
     request["model"]["digest"] = model_digest(folder)
     assert base_model_for(request, None, tmp_path / "inputs", node=1) == folder
+
+
+def test_a_checkpoint_missing_a_processs_random_state_is_never_marked_complete(tmp_path: Path) -> None:
+    from tasks.training.remote_checkpoints import FolderStore
+
+    store = FolderStore(tmp_path / "store", nodes=2, node=1)
+    mirror = CheckpointMirror(store, keep=2, random_states=["rng_state_2.pth", "rng_state_3.pth"], wait_s=0.2)
+    out = tmp_path / "out"
+    state = SimpleNamespace(global_step=4, is_world_process_zero=False, is_local_process_zero=True)
+    _checkpoint(out, 4)
+    (out / "checkpoint-4" / "rng_state_2.pth").write_text("2")  # rank 3's file never came
+    mirror.on_save(SimpleNamespace(output_dir=str(out)), state, None)
+    assert not (tmp_path / "store" / "checkpoint-4.node-1.complete").exists()
+    (out / "checkpoint-4" / "rng_state_3.pth").write_text("3")
+    mirror.on_save(SimpleNamespace(output_dir=str(out)), state, None)
+    assert (tmp_path / "store" / "checkpoint-4.node-1.complete").exists()
+
+
+def test_a_resume_discards_newer_local_checkpoints_and_takes_the_stores_copy(tmp_path: Path) -> None:
+    from tasks.training.remote_checkpoints import FolderStore, restore_newest
+
+    store = FolderStore(tmp_path / "store")
+    _checkpoint(tmp_path / "mirrored", 4)
+    (tmp_path / "mirrored" / "checkpoint-4" / "adapter_model.safetensors").write_text("the store's")
+    store.put(tmp_path / "mirrored" / "checkpoint-4")
+    local = tmp_path / "node"  # a persistent work folder: its own checkpoint-6, and a stale copy of checkpoint-4
+    for step, text in ((4, "stale"), (6, "never complete everywhere")):
+        _checkpoint(local, step)
+        (local / f"checkpoint-{step}" / "adapter_model.safetensors").write_text(text)
+    assert restore_newest(store, local) == "checkpoint-4"
+    assert sorted(p.name for p in local.iterdir()) == ["checkpoint-4"]
+    assert (local / "checkpoint-4" / "adapter_model.safetensors").read_text() == "the store's"
