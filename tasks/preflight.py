@@ -139,6 +139,9 @@ def preflight(config: PipelineConfig, tracking: bool = False) -> None:
     """Raise PreflightError naming every missing input (at most three in the message) before anything starts;
     a configured vLLM server that does not answer is named too (exit 4), and with ``tracking`` (a pipeline run,
     which tracks in the config's store) an MLflow server that does not answer."""
+    nodes = nodes_problem(config)  # a config mistake: said before the network is asked anything
+    if nodes:
+        raise PreflightError(nodes)
     if tracking:
         check_tracking_server(config.resolved_tracking_uri())
     problems = path_problems(config)
@@ -148,6 +151,19 @@ def preflight(config: PipelineConfig, tracking: bool = False) -> None:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise PreflightError("; ".join(problems[:3]) + more)
+
+
+def nodes_problem(config: PipelineConfig) -> str | None:
+    """With several nodes, a tracking store they cannot all reach, said before the first stage (not at SFT)."""
+    if config.orchestration.nodes <= 1:
+        return None
+    from tasks.training.nodes import NodesNeedServer, check_shared_store
+
+    try:
+        check_shared_store(config, config.resolved_tracking_uri())
+    except NodesNeedServer as exc:
+        return str(exc)
+    return None
 
 
 def tracking_problem(config: PipelineConfig) -> str | None:

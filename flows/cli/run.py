@@ -142,7 +142,7 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
     nothing: the split goes to a temporary folder, and a local store that does not exist yet is not created."""
     import tempfile
 
-    from tasks.preflight import PreflightError, generation_problem, path_problems, tracking_problem
+    from tasks.preflight import PreflightError, generation_problem, nodes_problem, path_problems, tracking_problem
     from tasks.tracking import local_store_path
 
     cfg = config_from(config, set_, config_option)  # the config's keys and its reward imports
@@ -151,6 +151,9 @@ def check(config: ConfigArg = None, config_option: ConfigOption = None, set_: Se
     if problems:
         raise PreflightError("; ".join(problems))
     console.print("paths and model source: ok")
+    problem = nodes_problem(cfg)  # several nodes: a store every node reaches
+    if problem:
+        raise PreflightError(problem)
     problem = generation_problem(cfg)  # the same check `run` makes: vLLM missing, a server that does not answer
     if problem:
         raise PreflightError(problem)

@@ -152,6 +152,16 @@ class PipelineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _manual_nodes_are_waited_for_with_a_bound(self) -> PipelineConfig:
+        orchestration = self.orchestration
+        if orchestration.nodes > 1 and orchestration.launcher == "manual" and orchestration.node_wait_timeout_s is None:
+            raise ValueError(
+                "orchestration.launcher manual with orchestration.nodes > 1 needs orchestration.node_wait_timeout_s: "
+                "nothing else ends the wait for a node that is never started"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tools_on_a_server_from_one_process(self) -> PipelineConfig:
         generation = self.grpo.generation
         server = generation.vllm_mode == "server" and generation.backend != "transformers"

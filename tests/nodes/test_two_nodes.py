@@ -218,6 +218,7 @@ def test_the_manual_launchers_printed_commands_run_in_two_shells_train(
     config = grpo_only(two_nodes(tiny_config, mlflow_server, "tiny-nodes-manual", 29439))
     raw = config.model_dump(mode="json")
     raw["orchestration"]["launcher"] = "manual"
+    raw["orchestration"]["node_wait_timeout_s"] = 900  # required with manual: nothing else bounds the wait
     config_path = tmp_path / "manual.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     stage = _cli([str(config_path), "--run-id", "nodes-manual"])

@@ -50,7 +50,9 @@ class NodesNeedServer(UserError, ValueError):
 
 
 def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
-    """The nodes meet only in MLflow: a store other machines reach (an ``http(s)://`` tracking server).
+    """The nodes meet only in MLflow: a store other machines reach (an ``http(s)://`` tracking server, and not on
+    loopback where the launcher puts the nodes on other hosts: Slurm, except its ``one_host`` test cluster, and
+    Kubeflow).
 
     >>> check_shared_store(PipelineConfig(), "sqlite:///x.db")  # one node: any store
     >>> two = PipelineConfig.model_validate({"orchestration": {"nodes": 2}})
@@ -58,12 +60,33 @@ def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
     Traceback (most recent call last):
     ...
     tasks.training.nodes.stage.NodesNeedServer: orchestration.nodes is 2: the nodes share nothing but the MLflow ...
+    >>> slurm = PipelineConfig.model_validate({"orchestration": {"nodes": 2, "launcher": "slurm"}})
+    >>> check_shared_store(slurm, "http://127.0.0.1:5000")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tasks.training.nodes.stage.NodesNeedServer: orchestration.launcher slurm runs the nodes on other hosts, ...
     """
-    if config.orchestration.nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
+    from urllib.parse import urlparse
+
+    from reward_fns.judges.settings import is_loopback
+
+    orchestration = config.orchestration
+    if orchestration.nodes <= 1:
+        return
+    if not tracking_uri.startswith(("http://", "https://", "databricks")):
         raise NodesNeedServer(
-            f"orchestration.nodes is {config.orchestration.nodes}: the nodes share nothing but the MLflow tracking "
+            f"orchestration.nodes is {orchestration.nodes}: the nodes share nothing but the MLflow tracking "
             f"server, and {tracking_uri} is a store only this machine sees; set tracking.tracking_uri to a server "
             "every node reaches (e.g. `mlflow server --serve-artifacts`)"
+        )
+    elsewhere = orchestration.launcher == "kubeflow" or (
+        orchestration.launcher == "slurm" and not orchestration.slurm.one_host
+    )
+    host = urlparse(tracking_uri).hostname or ""
+    if elsewhere and (is_loopback(host) or host == "localhost"):
+        raise NodesNeedServer(
+            f"orchestration.launcher {orchestration.launcher} runs the nodes on other hosts, and {tracking_uri} "
+            "answers only on this one: set tracking.tracking_uri to an address the nodes reach"
         )
 
 
