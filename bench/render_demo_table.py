@@ -75,12 +75,13 @@ def render(summary: dict, overrides: list[str], caches: str) -> str:
     promotion = summary.get("promotion") or {}
     if promotion:
         said.append(f"v{promotion['version']} {'promoted' if promotion['promoted'] else 'not promoted'}")
+    command = "`make demo`" if not overrides else f"`grpoflow run configs/demo.yaml --set {' --set '.join(overrides)}`"
     cpu = machine["cpu"] or "unknown CPU"
     isa = machine["device"].split(";")[0].removeprefix("cpu:")
     lines += [
         "",
         "; ".join(said) + ".",
-        f"`make demo`{' --set ' + ' --set '.join(overrides) if overrides else ''}: {minutes(run['wall_seconds'])} "
+        f"{command}: {minutes(run['wall_seconds'])} "
         f"({caches}), commit {run['commit'][:7]}, {cpu} ({isa}), {machine['cores']} cores, "
         f"{machine['precision']}, {run['started_at'][:10]}.",
         "<!-- end demo-table -->",

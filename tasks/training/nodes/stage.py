@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 2.0
 GRACE_S = 30.0  # after the launcher says the job ended, how long reports may still be on their way
+FAILURE_GRACE_S = 20.0  # after a node reported a failure, how long the others' reports may still be on their way
 
 
 class NodesNeedServer(UserError, ValueError):
@@ -234,33 +235,50 @@ def ship_reward_models(ship: Callable[[Path, str], None], config: PipelineConfig
     return shipped
 
 
-def node_reports(artifacts: StageArtifacts, nodes: int) -> dict[int, dict[str, Any]]:
-    """The exits the nodes have reported so far."""
-    reports = {}
+def node_reports(
+    artifacts: StageArtifacts, nodes: int, known: dict[int, dict[str, Any]] | None = None
+) -> dict[int, dict[str, Any]]:
+    """The exits the nodes have reported so far; those in ``known`` are not fetched again."""
+    reports = dict(known or {})
     for node in range(nodes):
-        if f"{node_folder(node)}/exit.json" in artifacts.names(node_folder(node)):
+        if node not in reports and f"{node_folder(node)}/exit.json" in artifacts.names(node_folder(node)):
             reports[node] = artifacts.fetch_json(f"{node_folder(node)}/exit.json")
     return reports
 
 
-def wait_for_nodes(job: NodeJob, artifacts: StageArtifacts, nodes: int, timeout_s: float | None) -> dict[int, Any]:
-    """Poll until every node reported, or the job ended (and a grace period passed); returns the reports."""
-    started, ended_at = time.monotonic(), None
+def wait_for_nodes(
+    job: NodeJob,
+    artifacts: StageArtifacts,
+    nodes: int,
+    timeout_s: float | None,
+    failure_grace_s: float = FAILURE_GRACE_S,
+) -> dict[int, Any]:
+    """Poll until every node reported, a node reported a failure (then the others get ``failure_grace_s`` to
+    report: one may be hung in a collective with the failed node, waiting for its timeout), or the job ended (and a
+    grace period passed); returns the reports. Each node's report is fetched once."""
+    started, ended_at, failed_at = time.monotonic(), None, None
+    reports: dict[int, Any] = {}
     while True:
-        reports = node_reports(artifacts, nodes)
+        reports = node_reports(artifacts, nodes, reports)
         if len(reports) == nodes:
+            return reports
+        if failed_at is None and any(report["returncode"] != 0 for report in reports.values()):
+            failed_at = time.monotonic()
+            failed = sorted(n for n, report in reports.items() if report["returncode"] != 0)
+            logger.error("node %s reported a failure: the stage ends (the others are stopped)", failed[0])
+        if failed_at is not None and time.monotonic() - failed_at > failure_grace_s:
             return reports
         state = job.state()
         if state == "ended":
             ended_at = ended_at or time.monotonic()
             if time.monotonic() - ended_at > (0 if isinstance(job, LocalNodes) else GRACE_S):
-                return node_reports(artifacts, nodes)
+                return node_reports(artifacts, nodes, reports)
         if timeout_s is not None and time.monotonic() - started > timeout_s:
             raise TrainingProcessError(
                 f"the nodes did not finish within orchestration.node_wait_timeout_s ({timeout_s:.0f} s); "
                 f"{len(reports)} of {nodes} reported ({job.description})"
             )
-        time.sleep(0.2 if state == "ended" else POLL_S)
+        time.sleep(0.2 if state == "ended" or failed_at is not None else POLL_S)
 
 
 def rank_reports(artifacts: StageArtifacts, nodes: int) -> list[dict[str, Any]]:
@@ -272,13 +290,22 @@ def rank_reports(artifacts: StageArtifacts, nodes: int) -> list[dict[str, Any]]:
     return sorted(reports, key=lambda report: report["time"])
 
 
-def nodes_error(stage: str, job: NodeJob, artifacts: StageArtifacts, nodes: int, exits: dict[int, Any]) -> Exception:
-    """One error for a failed group: a node that vanished without a report first (the others stopped because of
-    it), else the first error a rank reported, keeping its type (a gate stop on node 1 is still a gate stop),
-    else the nodes' exit codes."""
+def nodes_error(
+    stage: str,
+    job: NodeJob,
+    artifacts: StageArtifacts,
+    nodes: int,
+    exits: dict[int, Any],
+    reports: list[dict[str, Any]] | None = None,
+) -> Exception:
+    """One error for a failed group: the first error a rank reported, keeping its type (a gate stop on node 1 is
+    still a gate stop) and naming the nodes stopped with it; else a node that vanished without a report (the others
+    stopped because of it); else the nodes' exit codes. ``reports``: the ranks' reports, when already read."""
     logs = f"MLflow run {artifacts.run_id} artifacts launch/nodes/"
     vanished = [node for node in range(nodes) if node not in exits]
-    if vanished:
+    reports = rank_reports(artifacts, nodes) if reports is None else reports
+    reported_failure = any(report["returncode"] != 0 for report in exits.values())
+    if vanished and not (reported_failure and reports):
         ends = job.ends()
         how = "; ".join(f"node {n}: {ends.get(n, 'no report')}" for n in vanished)
         others = ", ".join(f"node {n}: exit {report['returncode']}" for n, report in sorted(exits.items()))
@@ -287,13 +314,13 @@ def nodes_error(stage: str, job: NodeJob, artifacts: StageArtifacts, nodes: int,
             f"({others or 'none reported'}); "
             f"logs: {logs}; `grpoflow run --resume` restarts every node from the newest complete checkpoint"
         )
-    reports = rank_reports(artifacts, nodes)
     if not reports:
         codes = ", ".join(f"node {n}: {e['returncode']}" for n, e in sorted(exits.items()))
         return TrainingProcessError(f"{stage}: the nodes exited ({codes}) and no rank reported an error; logs: {logs}")
     first = reports[0]
     where = f"node {first['node']}" + (f" rank {first['rank']}" if first.get("rank") is not None else "")
-    return reported_error(first, f"{stage} {where}: {first['message']}", f"every node was stopped; logs: {logs}")
+    stopped = f"node {', '.join(map(str, vanished))} stopped with it" if vanished else "every node was stopped"
+    return reported_error(first, f"{stage} {where}: {first['message']}", f"{stopped}; logs: {logs}")
 
 
 def train_on_nodes(
@@ -341,8 +368,9 @@ def train_on_nodes(
     stage_run.log_metrics({f"node_{n}_seconds": e["seconds"] for n, e in exits.items()})
     found = f"{RESULT}/result.json" in artifacts.names(RESULT)
     failed = [node for node, exit_report in exits.items() if exit_report["returncode"] != 0]
-    if not found or len(exits) < nodes or (failed and rank_reports(artifacts, nodes)):
-        raise nodes_error(stage, job, artifacts, nodes, exits)
+    reports = rank_reports(artifacts, nodes) if failed or not found or len(exits) < nodes else []
+    if not found or len(exits) < nodes or (failed and reports):
+        raise nodes_error(stage, job, artifacts, nodes, exits, reports)
     if failed:
         # Rank 0 wrote the result after the last collective: a node that failed after that (at exit) must not
         # throw the whole adapter away. Said, not hidden.

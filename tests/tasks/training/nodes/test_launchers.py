@@ -220,3 +220,26 @@ def test_the_manual_launcher_is_refused_at_load_without_a_wait_bound() -> None:
         repo / "configs" / "tiny.yaml",
         {"orchestration.nodes": 2, "orchestration.launcher": "manual", "orchestration.node_wait_timeout_s": 600},
     )
+
+
+def test_a_node_reporting_a_failure_ends_the_wait_and_the_error_names_it(tmp_path: Path) -> None:
+    """Node 1 fails and reports at once; node 0 stays hung (in a collective, as in gloo's 30-minute connect):
+    the stage stops waiting after the failure grace, not at the job's end, and names node 1."""
+    from tasks.registry import client_for
+    from tasks.training.nodes.exchange import StageArtifacts, node_folder
+    from tasks.training.nodes.launchers import ManualNodes
+    from tasks.training.nodes.stage import nodes_error, wait_for_nodes
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = client_for(uri)
+    run_id = client.create_run(client.create_experiment("nodes")).info.run_id
+    artifacts = StageArtifacts(uri, run_id)
+    error = {"time": time.time(), "rank": 1, "module": "builtins", "type": "RuntimeError", "message": "a reward failed"}
+    artifacts.put_json(error, f"{node_folder(1)}/errors/rank-1.json")
+    artifacts.put_json({"returncode": 1, "seconds": 3.0}, f"{node_folder(1)}/exit.json")
+    job = ManualNodes([["python", "-m", "x", "node-agent"]] * 2, tmp_path / "launch")  # its state is never known
+    started = time.monotonic()
+    exits = wait_for_nodes(job, artifacts, 2, timeout_s=None, failure_grace_s=1.0)
+    assert list(exits) == [1] and time.monotonic() - started < 10
+    message = str(nodes_error("grpo", job, artifacts, 2, exits))
+    assert message.startswith("grpo node 1 rank 1: a reward failed") and "node 0 stopped with it" in message
