@@ -481,6 +481,12 @@ class OrchestrationSettings(_Strict):
     node_wait_timeout_s: float | None = Field(
         None, gt=0, description="Give up waiting for the nodes after this long (default: wait for the job)."
     )
+    node_python: str | None = Field(
+        None,
+        description="The Python the Slurm nodes run the node agent with (a path on the nodes, or a name on their "
+        "PATH); default: this machine's interpreter path. Each node checks it before it starts (Kubeflow's pods use "
+        "their image's python).",
+    )
     slurm: SlurmSettings = SlurmSettings()
     kubeflow: KubeflowSettings = KubeflowSettings()
     keep_checkpoints: int = Field(

@@ -37,6 +37,12 @@ def job_name(run_id: str, stage: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"grpoflow-{run_id}-{stage}")
 
 
+CHECKED_EXEC = (
+    'command -v "$0" >/dev/null || { echo "grpoflow: $0 (orchestration.node_python) does not run on $(hostname)" >&2; '
+    'exit 2; }; exec "$0" "$@"'
+)
+
+
 def sbatch_script(config: PipelineConfig, agent: list[str], name: str) -> str:
     """The batch script: ``orchestration.nodes`` tasks, one per host (all on one host with ``slurm.one_host``),
     each running ``agent`` with the job's first host as node 0's address.
@@ -64,7 +70,10 @@ def sbatch_script(config: PipelineConfig, agent: list[str], name: str) -> str:
         'GRPOFLOW_RENDEZVOUS_HOST="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         "export GRPOFLOW_RENDEZVOUS_HOST",
         f'echo "grpoflow: {nodes} nodes, rendezvous $GRPOFLOW_RENDEZVOUS_HOST:{orchestration.rendezvous_port}"',
-        f"srun --nodes={hosts} --ntasks={nodes} --kill-on-bad-exit=1 {shlex.join(agent)}",
+        # Each task first checks that the interpreter runs on its host (orchestration.node_python), so a path that
+        # exists only on the submitting machine is one line naming it, not a bare "No such file".
+        f"srun --nodes={hosts} --ntasks={nodes} --kill-on-bad-exit=1 bash -c {shlex.quote(CHECKED_EXEC)} "
+        f"{shlex.join(agent)}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -105,7 +105,8 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
     if launcher == "slurm":
         from tasks.training.nodes.slurm import SlurmJob, job_name
 
-        return SlurmJob(config, generic, launch_dir, job_name(name, launch_dir.parent.name))
+        python = config.orchestration.node_python or generic[0]  # the nodes' interpreter, not only this machine's
+        return SlurmJob(config, [python, *generic[1:]], launch_dir, job_name(name, launch_dir.parent.name))
     from tasks.training.nodes.kubeflow import KubeflowJob, resource_name
 
     return KubeflowJob(config, generic, launch_dir, resource_name(name, launch_dir.parent.name), uri)

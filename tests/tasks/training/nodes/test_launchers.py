@@ -243,3 +243,17 @@ def test_a_node_reporting_a_failure_ends_the_wait_and_the_error_names_it(tmp_pat
     assert list(exits) == [1] and time.monotonic() - started < 10
     message = str(nodes_error("grpo", job, artifacts, 2, exits))
     assert message.startswith("grpo node 1 rank 1: a reward failed") and "node 0 stopped with it" in message
+
+
+@pytest.mark.parametrize(("python", "code"), [(sys.executable, 0), ("/only/on/the/submitting/host/python", 2)])
+def test_each_slurm_task_checks_its_interpreter_before_it_starts(python: str, code: int) -> None:
+    """The sbatch script's task line, run as srun runs it on a node (here without srun): the configured
+    interpreter starts the agent, or the task stops naming orchestration.node_python."""
+    from tasks.training.nodes.slurm import sbatch_script
+
+    config = PipelineConfig.model_validate({"orchestration": {"nodes": 2, "launcher": "slurm", "node_python": python}})
+    script = sbatch_script(config, [python, "-c", "print('agent ran')"], "job")
+    task = next(line for line in script.splitlines() if line.startswith("srun "))
+    done = subprocess.run(task.split("--kill-on-bad-exit=1 ", 1)[1], shell=True, capture_output=True, text=True)
+    assert done.returncode == code
+    assert ("agent ran" in done.stdout) if code == 0 else "orchestration.node_python" in done.stderr
