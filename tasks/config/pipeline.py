@@ -26,6 +26,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks.config.grpo_loss import GRPOLossSettings
 from tasks.config.grpo_steering import GRPOSteeringSettings
+from tasks.config.operations import OrchestrationSettings, ServingSettings, TrackingSettings, WatchSettings
 from tasks.config.settings import (
     CanarySettings,
     DataSettings,
@@ -33,14 +34,10 @@ from tasks.config.settings import (
     GRPOSettings,
     LoraSettings,
     ModelSettings,
-    OrchestrationSettings,
     ProbeSettings,
     PromotionSettings,
     RewardSpec,
-    ServingSettings,
     SFTSettings,
-    TrackingSettings,
-    WatchSettings,
     _Strict,
 )
 from tasks.config.tools import ToolSettings, tool_problems

@@ -145,6 +145,7 @@ def test_deployed_pipeline_runs_on_a_worker_and_registers_in_mlflow(stack, lora_
     } <= set(names)
     schedules = _get(f"{services.prefect_api_url}/deployments/name/grpoflow-scheduled/nightly")["schedules"]
     assert schedules[0]["schedule"]["cron"] == "0 2 * * *"
+    _deploy_a_config_of_ones_own(services, env, tmp_path)
     overrides = {
         "output_dir": str(tmp_path / "outputs"),
         "tracking.tracking_uri": services.mlflow_url,
@@ -334,9 +335,8 @@ def test_up_serves_the_store_and_the_prefect_runs_a_local_run_wrote(registered_t
     assert running_up() is None
 
 
-@pytest.mark.xdist_group("services-stack")
-def test_a_config_of_ones_own_is_scheduled_by_deploy_config(stack) -> None:
-    services, env, _, tmp_path = stack
+def _deploy_a_config_of_ones_own(services: Services, env: dict[str, str], tmp_path: Path) -> None:
+    """``grpoflow deploy CONFIG --cron``: the pipeline on a config outside the project on its own schedule."""
     own = tmp_path / "my-nightly.yaml"  # a config outside the project: its absolute path is what workers read
     own.write_text("extends: " + str(PROJECT_ROOT / "configs" / "tiny.yaml") + "\nname: mine\n")
     command = [_bin("grpoflow"), "deploy", str(own), "--cron", "30 4 * * 1-5", "--timezone", "Europe/Paris"]
