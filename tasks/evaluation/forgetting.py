@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -344,7 +346,9 @@ def general_ability(
         cached.parent.mkdir(parents=True, exist_ok=True)
         if top is not None:
             _REFERENCES[key] = top
-            staging = cached.with_suffix(".pt.partial")
+            # A staging file of this writer's own: two jobs (this process and its forked worker) may cache the same
+            # reference at once, and a shared staging name let one rename the other's file away.
+            staging = cached.with_suffix(f".pt.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
             torch.save(asdict(top), staging)
             staging.replace(cached.with_suffix(".pt"))
         write_atomically(cached, json.dumps(asdict(ability)))
