@@ -299,15 +299,18 @@ def nodes_error(
     exits: dict[int, Any],
     reports: list[dict[str, Any]] | None = None,
 ) -> Exception:
-    """One error for a failed group: the first error a rank reported, keeping its type (a gate stop on node 1 is
-    still a gate stop) and naming the nodes stopped with it; else a node that vanished without a report (the others
-    stopped because of it); else the nodes' exit codes. ``reports``: the ranks' reports, when already read."""
+    """One error for a failed group: a node that vanished without a report and that the launcher saw end (the others
+    stopped because of it); else the first error a rank reported, keeping its type (a gate stop on node 1 is still a
+    gate stop) and naming the nodes stopped with it (a node still running, hung behind it); else a node that
+    vanished; else the nodes' exit codes. ``reports``: the ranks' reports, when already read."""
     logs = f"MLflow run {artifacts.run_id} artifacts launch/nodes/"
     vanished = [node for node in range(nodes) if node not in exits]
     reports = rank_reports(artifacts, nodes) if reports is None else reports
     reported_failure = any(report["returncode"] != 0 for report in exits.values())
-    if vanished and not (reported_failure and reports):
-        ends = job.ends()
+    ends = job.ends() if vanished else {}
+    # A node the launcher saw end (killed, crashed) is the cause, whatever the others then reported about it (a peer
+    # closing the connection); one still running without a report is hung behind a node that reported a failure.
+    if vanished and (any(n in ends for n in vanished) or not (reported_failure and reports)):
         how = "; ".join(f"node {n}: {ends.get(n, 'no report')}" for n in vanished)
         others = ", ".join(f"node {n}: exit {report['returncode']}" for n, report in sorted(exits.items()))
         return TrainingProcessError(
