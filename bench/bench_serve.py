@@ -54,26 +54,16 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 def versions(config, root: Path) -> tuple[str, str]:
     """Two versions of random LoRA adapters over the config's model, registered with their records."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from tasks.models import load_base_model, resolve_model_source
+    from tasks.models import resolve_model_source
     from tasks.models.precision import resolved_precision
-    from tasks.serving import TransformersEngine, register_served_version
+    from tasks.serving import TransformersEngine, random_adapter, register_served_version
 
     base_dir = resolve_model_source(config.model.source)
     engine = TransformersEngine(base_dir, resolved_precision(config.model.precision))
     numbers = []
     for seed in (1, 2):
-        torch.manual_seed(seed)
-        lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-        model = get_peft_model(load_base_model(base_dir), lora)
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:
-                    parameter.normal_(0, 0.02)
-        model.save_pretrained(root / f"adapter-{seed}")
-        version, _ = register_served_version(config, root / f"adapter-{seed}", PROMPTS[:3], engine, root / f"m{seed}")
+        adapter = random_adapter(base_dir, root / f"adapter-{seed}", seed, rank=8, scale=0.02)
+        version, _ = register_served_version(config, adapter, PROMPTS[:3], engine, root / f"m{seed}")
         numbers.append(version)
     return numbers[0], numbers[1]
 

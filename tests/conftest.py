@@ -276,29 +276,10 @@ def registered_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineC
 SERVE_PROMPTS = ("What is 2+3?", "What is 7*6?", "Name a prime number.")
 
 
-def variant_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
-    """A LoRA adapter over ``base_dir`` on the attention projections (layers vLLM takes too), its B matrices drawn
-    from ``seed`` so each seed answers differently."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from tasks.models import load_base_model
-
-    torch.manual_seed(seed)
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    model = get_peft_model(load_base_model(base_dir), lora)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
-    model.save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture(scope="session")
 def register_version(tmp_path_factory: pytest.TempPathFactory):
     """``register_version(config, seed, smoke_answers=None, corrupt=False)``: a version of the config's registered
-    model holding ``variant_adapter(seed)``, packaged as promote packages one (``save_version_model``, the digest tag,
+    model holding ``random_adapter(seed)``, packaged as promote packages one (``save_version_model``, the digest tag,
     ``record_smoke`` on the smoke prompts); ``smoke_answers`` replaces the recorded answers (a version that fails
     its smoke check), ``corrupt`` flips bytes of the stored adapter after registration (a digest mismatch)."""
     import json
@@ -306,7 +287,7 @@ def register_version(tmp_path_factory: pytest.TempPathFactory):
     from tasks.models import resolve_model_source
     from tasks.models.precision import resolved_precision
     from tasks.registry import client_for
-    from tasks.serving import SMOKE_FILE, TransformersEngine, register_served_version
+    from tasks.serving import SMOKE_FILE, TransformersEngine, random_adapter, register_served_version
 
     root = tmp_path_factory.mktemp("versions")
     engines: dict[tuple[Path, str], TransformersEngine] = {}
@@ -315,7 +296,7 @@ def register_version(tmp_path_factory: pytest.TempPathFactory):
         base_dir = resolve_model_source(config.model.source)
         precision = resolved_precision(config.model.precision)
         engine = engines.setdefault((base_dir, precision), TransformersEngine(base_dir, precision))
-        adapter = variant_adapter(base_dir, root / f"adapter-{seed}", seed)
+        adapter = random_adapter(base_dir, root / f"adapter-{seed}", seed)
         folder = root / f"model-{seed}-{len(list(root.iterdir()))}"
         version, run_id = register_served_version(config, adapter, list(SERVE_PROMPTS), engine, folder)
         stored = Path(

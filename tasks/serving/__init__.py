@@ -28,6 +28,7 @@ _EXPORTS = {
     "read_smoke_record": "records",
     "smoke_verdict": "records",
     "write_smoke_record": "records",
+    "random_adapter": "register",
     "register_served_version": "register",
     "record_smoke": "smoke",
     "smoke_messages": "smoke",

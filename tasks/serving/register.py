@@ -1,4 +1,5 @@
-"""Registering an adapter made outside a pipeline run (a benchmark's, a test's) the way promote registers one: the
+"""Registering an adapter made outside a pipeline run (a benchmark's, a test's: ``random_adapter``) the way promote
+registers one: the
 MLflow model with its card, the ``adapter_digest`` tag and the smoke record, so ``grpoflow serve`` checks it as it
 checks a trained version.
 Must not import: Prefect, the stages.
@@ -13,6 +14,26 @@ from typing import Any
 from tasks.serving.engines import TransformersEngine
 from tasks.serving.records import DIGEST_TAG, adapter_digest, write_smoke_record
 from tasks.serving.smoke import record_smoke
+
+
+def random_adapter(base_dir: Path, folder: Path, seed: int, rank: int = 4, scale: float = 0.5) -> Path:
+    """A LoRA adapter over ``base_dir`` on the attention projections (layers vLLM takes too), alpha twice the rank,
+    its B matrices drawn from ``seed`` with standard deviation ``scale`` (each seed answers differently); saved in
+    ``folder``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from tasks.models import load_base_model
+
+    torch.manual_seed(seed)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(load_base_model(base_dir), lora)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, scale)
+    model.save_pretrained(folder)
+    return folder
 
 
 def register_served_version(
