@@ -5,12 +5,16 @@ Must not hold stage logic or decisions: those belong to the tasks it calls."""
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow
 from prefect.exceptions import TerminationSignal
 
+from flows.services import local_store_server
 from tasks.base_model import resolve_model_task
 from tasks.config import PipelineConfig
 from tasks.errors import GateStop, UserError
@@ -26,11 +30,15 @@ from tasks.tracking import (
     announce_skipped,
     close_pipeline,
     last_completed_run,
+    local_store_path,
     record_validated_data,
     runs_closed_on_termination,
     start_pipeline,
 )
+from tasks.training.nodes import store_served_to_nodes
 from tasks.validate import validate_task
+
+logger = logging.getLogger(__name__)
 
 
 def new_run_id(config: PipelineConfig) -> str:
@@ -61,7 +69,29 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
     of the last completed run. A run stopped by the probe or rejected by promotion emits a Prefect event."""
     preflight(config, tracking=True)  # on a deployment's worker too: missing inputs fail before any stage starts
     layout = RunLayout.of(config.output_dir, run_id)
-    layout.prepare(config)
+    layout.prepare(config)  # the config as given: a resume serves the store again, on a port of its own
+    with tracked_through_server(config, layout) as tracked:
+        return run_stages(tracked, layout, skip_unchanged, store=config.resolved_tracking_uri())
+
+
+@contextmanager
+def tracked_through_server(config: PipelineConfig, layout: RunLayout) -> Iterator[PipelineConfig]:
+    """``config``, or, where local nodes need an MLflow server and the store is a local SQLite file, ``config``
+    tracking through a server over that file that lives as long as the run (the nodes reach it; the flow writes
+    through it too, so the file has one writer)."""
+    if not store_served_to_nodes(config, config.resolved_tracking_uri()):
+        yield config
+        return
+    database = local_store_path(config.resolved_tracking_uri())
+    log = layout.run_dir / "mlflow-server.log"
+    with local_store_server(database, config.output_dir / "mlartifacts", log) as url:
+        logger.info("MLflow server %s over %s for the nodes (log %s)", url, database, log)
+        yield config.model_copy(update={"tracking": config.tracking.model_copy(update={"tracking_uri": url})})
+
+
+def run_stages(config: PipelineConfig, layout: RunLayout, skip_unchanged: bool, store: str) -> dict[str, Any]:
+    """The pipeline's stages in order (``pipeline``'s body); ``store``: the tracking store the summary names."""
+    run_id = layout.run_id
     tracker = start_pipeline(config, layout)
     validate, probe, sft_stage, grpo_stage, champion, evaluate = with_retries(
         config, validate_task, probe_task, sft_task, grpo_task_for(config), champion_task, evaluate_task
@@ -75,7 +105,7 @@ def pipeline(config: PipelineConfig, run_id: str, skip_unchanged: bool = False) 
         "machine": machine_facts(config.model.precision),
     }
     summary["mlflow"] = {
-        "tracking_uri": tracker.tracking_uri,
+        "tracking_uri": store,
         "experiment_id": tracker.experiment_id,
         "parent_run_id": tracker.parent_run_id,
     }

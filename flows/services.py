@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,14 +174,7 @@ def start_services(
         database, artifacts = (path.resolve() for path in mlflow_store)
         database.parent.mkdir(parents=True, exist_ok=True)
         artifacts.mkdir(parents=True, exist_ok=True)
-        # Runs wrote file:// artifact locations; the server reads them from disk, as `mlflow ui` does.
-        store = [
-            "--backend-store-uri",
-            f"sqlite:///{database}",
-            "--default-artifact-root",
-            artifacts.as_uri(),
-            "--no-serve-artifacts",
-        ]
+        store = local_store_arguments(database, artifacts)
     services = Services(f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}", home)
     base_env = {**os.environ, **SERVICE_ENV}
     commands = {
@@ -210,6 +204,50 @@ def start_services(
         services.stop()
         raise
     return services
+
+
+def local_store_arguments(database: Path, artifacts: Path) -> list[str]:
+    """``mlflow server``'s options to serve a store ``grpoflow run`` wrote without a server: the SQLite file, and
+    runs' ``file://`` artifact locations read (and written) on disk by every client, as ``mlflow ui`` does.
+
+    >>> local_store_arguments(Path("/o/mlflow.db"), Path("/o/mlartifacts"))[:2]
+    ['--backend-store-uri', 'sqlite:////o/mlflow.db']
+    """
+    return [
+        "--backend-store-uri",
+        f"sqlite:///{database}",
+        "--default-artifact-root",
+        artifacts.as_uri(),
+        "--no-serve-artifacts",
+    ]
+
+
+@contextlib.contextmanager
+def local_store_server(database: Path, artifacts: Path, log: Path, timeout: float = 120.0) -> Iterator[str]:
+    """An MLflow server on 127.0.0.1 over a local SQLite store for as long as the block runs; yields its URL.
+    While it runs it is the store's one writer: everything in the block tracks through it. Stopped (with its
+    workers) when the block ends, however it ends.
+    """
+    database, artifacts = database.resolve(), artifacts.resolve()
+    database.parent.mkdir(parents=True, exist_ok=True)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [_bin("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            [*command, *local_store_arguments(database, artifacts)],
+            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, **SERVICE_ENV},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy("mlflow", f"{url}/health", process, log, timeout)
+        yield url
+    finally:
+        stop_group(process)
 
 
 def _up_state_file() -> Path:

@@ -157,10 +157,13 @@ def nodes_problem(config: PipelineConfig) -> str | None:
     """With several nodes, a tracking store they cannot all reach, said before the first stage (not at SFT)."""
     if config.orchestration.nodes <= 1:
         return None
-    from tasks.training.nodes import NodesNeedServer, check_shared_store
+    from tasks.training.nodes import NodesNeedServer, check_shared_store, store_served_to_nodes
 
+    uri = config.resolved_tracking_uri()
+    if store_served_to_nodes(config, uri):
+        return None
     try:
-        check_shared_store(config, config.resolved_tracking_uri())
+        check_shared_store(config, uri)
     except NodesNeedServer as exc:
         return str(exc)
     return None

@@ -422,15 +422,23 @@ def serve_harness() -> ServeHarness:
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 for the module (SQLite store, artifacts proxied through it, so a
     client needs nothing but its address); stopped, with its workers, after the module."""
+    from flows.services import free_port
+
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow-server"), "127.0.0.1", free_port()) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_mlflow_server(root: Path, host: str, port: int) -> Iterator[dict[str, Any]]:
+    """An ``mlflow server`` on ``host:port`` over a new store under ``root`` while the block runs."""
     import subprocess
     import sys
     import time
     import urllib.request
 
-    from flows.services import free_port, stop_group
+    from flows.services import stop_group
 
-    port, root = free_port(), tmp_path_factory.mktemp("mlflow-server")
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port)]
     command += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"]
     command += ["--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
     # Its own process group: the server forks a uvicorn worker that must go with it.
@@ -445,14 +453,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
         deadline = time.monotonic() + 90
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2) as response:
                     if response.status == 200:
                         break
             except OSError:
                 if time.monotonic() > deadline:
                     raise RuntimeError("mlflow server did not become healthy in 90 s") from None
                 time.sleep(0.5)
-        yield {"uri": f"http://127.0.0.1:{port}", "root": root, "port": port, "process": server}
+        yield {"uri": f"http://{host}:{port}", "root": root, "port": port, "process": server}
     finally:
         stop_group(server)
 

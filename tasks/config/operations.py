@@ -8,9 +8,33 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tasks.config.base import Strict as _Strict
+
+# What orchestration.env may name: the judges' keys (reward_fns.judges.settings.JUDGE_KEY_VARIABLES, the same
+# names) and the credentials a node needs to reach MLflow, its artifact store and the Hub. A name, not a value:
+# a config that names PATH or LD_PRELOAD would change what runs on every node.
+NODE_ENV_VARIABLES = (
+    "GRPOFLOW_JUDGE_API_KEY",
+    "VLLM_API_KEY",
+    "OPENAI_API_KEY",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_TRACKING_SERVER_CERT_PATH",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+)
 
 
 class WatchSettings(_Strict):
@@ -75,6 +99,11 @@ class KubeflowSettings(_Strict):
     runtime: str = Field("torch-distributed", description="The ClusterTrainingRuntime the TrainJob refers to.")
     gpus_per_node: int = Field(1, ge=0, description="GPUs each node's pod requests.")
     service_account: str | None = Field(None, description="The pods' Kubernetes service account.")
+    env_secret: str | None = Field(
+        None,
+        description="A Kubernetes Secret in the namespace holding orchestration.env's variables (one key per "
+        "name); the pods get each as a secretKeyRef, never a value in the TrainJob.",
+    )
 
 
 class OrchestrationSettings(_Strict):
@@ -133,8 +162,54 @@ class OrchestrationSettings(_Strict):
         "PATH); default: this machine's interpreter path. Each node checks it before it starts (Kubeflow's pods use "
         "their image's python).",
     )
+    ship_hub_model: bool = Field(
+        False,
+        description="Send a Hub base model to the nodes from this machine's cache, as a local folder is sent "
+        "(nodes without Hub access); default: each node resolves the Hub id itself (its cache or the Hub), checked "
+        "against this machine's bytes.",
+    )
+    env: list[str] = Field(
+        default_factory=list,
+        description="Environment variables every node needs (credentials: MLflow, object store, a judge's or "
+        "vLLM's key), by name, from an allow-list; values never travel in the request: local nodes inherit them, "
+        "Slurm exports them, Kubeflow takes them from kubeflow.env_secret, and each node checks they are set.",
+    )
+    node_heartbeat_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A node that has beaten (each node agent beats to MLflow every few seconds) and then stays "
+        "silent this long is taken as gone (its host or link lost): the stage ends, naming it.",
+    )
+    collective_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="How long a rank waits in one collective (all-reduce, barrier) before it fails (the process "
+        "group's timeout, TrainingArguments.ddp_timeout); default: torch's 30 minutes.",
+    )
+    local_network_namespaces: list[str] = Field(
+        default_factory=list,
+        description="launcher local: run node K in the K-th of these network namespaces (`ip netns add`, one per "
+        "node, each reaching node 0 and the MLflow server, e.g. over a bridge), so the nodes meet over a network "
+        "as separate hosts would, not on loopback; set rendezvous_host to node 0's address there.",
+    )
+    network_interface: str | None = Field(
+        None,
+        description="The network interface gloo and NCCL use between nodes (GLOO_SOCKET_IFNAME / "
+        "NCCL_SOCKET_IFNAME); default: the one that routes to rendezvous_host on each node.",
+    )
     slurm: SlurmSettings = SlurmSettings()
     kubeflow: KubeflowSettings = KubeflowSettings()
+
+    @field_validator("env")
+    @classmethod
+    def _allowed_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in NODE_ENV_VARIABLES:
+                raise ValueError(
+                    f"{name!r} is not one of the variables nodes may be given: {', '.join(NODE_ENV_VARIABLES)}"
+                )
+        return names
+
     keep_checkpoints: int = Field(
         2,
         ge=1,

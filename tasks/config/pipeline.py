@@ -151,10 +151,39 @@ class PipelineConfig(_Strict):
     @model_validator(mode="after")
     def _manual_nodes_are_waited_for_with_a_bound(self) -> PipelineConfig:
         orchestration = self.orchestration
-        if orchestration.nodes > 1 and orchestration.launcher == "manual" and orchestration.node_wait_timeout_s is None:
+        if orchestration.nodes <= 1 or orchestration.launcher != "manual":
+            return self
+        if orchestration.node_wait_timeout_s is None:
             raise ValueError(
                 "orchestration.launcher manual with orchestration.nodes > 1 needs orchestration.node_wait_timeout_s: "
                 "nothing else ends the wait for a node that is never started"
+            )
+        if "rendezvous_host" not in orchestration.model_fields_set:  # an explicit 127.0.0.1 (one machine) is said
+            raise ValueError(
+                "orchestration.launcher manual with orchestration.nodes > 1 needs orchestration.rendezvous_host: node "
+                "0's address the other machines reach (the default, 127.0.0.1, is each machine's own)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_namespace_for_each_local_node(self) -> PipelineConfig:
+        orchestration = self.orchestration
+        namespaces = orchestration.local_network_namespaces
+        if namespaces and (orchestration.launcher != "local" or len(namespaces) != orchestration.nodes):
+            raise ValueError(
+                f"orchestration.local_network_namespaces names {len(namespaces)} namespaces: it takes one per node "
+                f"(orchestration.nodes {orchestration.nodes}) with orchestration.launcher local "
+                f"(not {orchestration.launcher})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _node_secrets_have_a_way_to_the_pods(self) -> PipelineConfig:
+        orchestration = self.orchestration
+        if orchestration.launcher == "kubeflow" and orchestration.env and not orchestration.kubeflow.env_secret:
+            raise ValueError(
+                "orchestration.env with orchestration.launcher kubeflow needs orchestration.kubeflow.env_secret: the "
+                "Secret the pods read them from (values never go into the TrainJob)"
             )
         return self
 

@@ -126,6 +126,8 @@ def common_trainer_args(config: PipelineConfig, output_dir: Path, checkpoint_ste
         "disable_tqdm": False,
         "dataloader_num_workers": 0,
         "ddp_find_unused_parameters": False,  # on N processes: every LoRA weight takes part in every step
+        # A peer whose link is gone leaves the others in a collective until this; the stage bounds it too
+        **({"ddp_timeout": round(timeout)} if (timeout := config.orchestration.collective_timeout_s) else {}),
     }
 
 

@@ -314,3 +314,57 @@ def test_a_tampered_input_stops_every_node_before_anything_is_imported(
     for node in (0, 1):
         folder = Path(client.download_artifacts(grpo_run.info.run_id, f"launch/nodes/node-{node}"))
         assert json.loads((folder / "exit.json").read_text())["returncode"] != 0, node
+
+
+def test_a_tool_module_and_a_reward_model_folder_only_on_this_side_reach_both_nodes(
+    tmp_path: Path, tiny_reward_model_dir: Path
+) -> None:
+    """Both live under this host's /tmp, which every local node has a private copy of: a node sees them only if
+    the stage shipped them. The store is the default local SQLite file: the run serves it to the nodes itself."""
+    from tasks.config import load_config
+
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    rates = (REPO / "configs" / "examples" / "exchange-tool" / "tools" / "rates.py").read_text()
+    (tools / "rates.py").write_text('print("IMPORTED-rates", flush=True)\n' + rates)
+    config = load_config(
+        REPO / "configs" / "tiny-tools.yaml",
+        {
+            "output_dir": str(tmp_path / "outputs"),
+            "orchestration": {"nodes": 2, "rendezvous_port": 29441},
+            "sft": {"enabled": False},
+            "probe": {"enabled": False},
+            "model": {"precision": "bf16"},
+            "canaries": {"judge_min_ordered": 0.0},  # a random reward model orders nothing
+            "tools": {
+                "use": [
+                    {"name": "python"},
+                    {
+                        "name": "rates:exchange_rate",
+                        "path": str(tools),
+                        "canaries": [{"arguments": {"currency": "USD"}, "expect": "0.92"}],
+                    },
+                ]
+            },
+            "rewards": [
+                {"name": "math_accuracy"},
+                {"name": "reward_model", "args": {"model": str(tiny_reward_model_dir)}, "weight": 0.5},
+            ],
+        },
+    )
+    assert config.resolved_tracking_uri().startswith("sqlite:")
+    summary = pipeline(config, "shipped")
+    assert summary["promotion"]["version"] == "1"
+    assert summary["mlflow"]["tracking_uri"] == config.resolved_tracking_uri()  # the store, not the run's server
+    client = MlflowClient(config.resolved_tracking_uri())  # the file itself, once the run's server is gone
+    run = stage_runs(config, "shipped")["grpo"][0]
+    for node in (0, 1):  # the ranks' output, as each node sent it up
+        log = Path(client.download_artifacts(run.info.run_id, f"launch/nodes/node-{node}/log.txt")).read_text()
+        assert "IMPORTED-rates" in log, (node, log[-2000:])
+        assert "converting" not in log  # the base model came converted, from the stage
+    request = json.loads(Path(client.download_artifacts(run.info.run_id, "launch/request.json")).read_text())
+    assert request["tool_modules"] == [1] and request["reward_models"] == [1]
+    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "launch/inputs/tools/1")}
+    assert names == {"rates.py"}
+    version = client.get_model_version(config.tracking.registered_model_name, "1")
+    assert Path(client.download_artifacts(version.run_id, "adapter", str(tmp_path / "got"))).is_dir()

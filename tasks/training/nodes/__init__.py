@@ -21,6 +21,7 @@ _EXPORTS = {
     "agent_command": "launchers",
     "NodesNeedServer": "stage",
     "check_shared_store": "stage",
+    "store_served_to_nodes": "stage",
     "train_on_nodes": "stage",
 }
 __getattr__, __dir__, __all__ = lazy_surface(__name__, _EXPORTS)

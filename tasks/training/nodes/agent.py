@@ -13,12 +13,14 @@ Must not import: Prefect, a stage (the ranks run ``tasks.launch`` in their own p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +32,7 @@ from tasks.layout import ADAPTER, CHECKPOINTS
 from tasks.training.launch import LAUNCH_DIR, LaunchRequest, NodePlacement, accelerate_command, run_forwarding_log
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import (
+    HEARTBEAT_S,
     INPUTS,
     MANIFEST,
     REQUEST,
@@ -39,9 +42,11 @@ from tasks.training.nodes.exchange import (
     NodeInputTampered,
     ShippedInputChanged,
     StageArtifacts,
+    heartbeat_tag,
     model_digest,
     node_folder,
 )
+from tasks.training.nodes.network import communication_environment, local_address_towards
 from tasks.training.remote_checkpoints import restore_newest, store_for
 from tasks.training.trainer import resumable_checkpoint
 
@@ -135,6 +140,8 @@ def prepare_node(
     config = request["config"]
     for index in request.get("reward_modules", []):  # shipped: this machine does not have the stage's folders
         config["rewards"][index]["path"] = str(artifacts.fetch(f"{INPUTS}/rewards/{index}", inputs / "rewards"))
+    for index in request.get("tool_modules", []):  # a tool's module, from the stage's tools.use[].path folder
+        config["tools"]["use"][index]["path"] = str(artifacts.fetch(f"{INPUTS}/tools/{index}", inputs / "tools"))
     for index in request.get("reward_models", []):  # a reward model's local folder, shipped the same way
         folder = artifacts.fetch(f"{INPUTS}/reward-models/{index}", inputs / "reward-models")
         config["rewards"][index]["args"]["model"] = str(folder)
@@ -198,6 +205,8 @@ def run_agent(
     decides which of the run's files this node trusts."""
     artifacts = StageArtifacts(tracking_uri, stage_run_id)
     started = time.time()
+    heartbeat = Heartbeat(artifacts, node)
+    heartbeat.start()
     node_dir = workdir / f"node-{node}"
     launch_dir = node_dir / "launch-agent"
     launch_dir.mkdir(parents=True, exist_ok=True)
@@ -210,9 +219,13 @@ def run_agent(
         host, port = rendezvous_from_environment(request)
         placement = NodePlacement(request["nodes"], node, rendezvous_host or host, port)
         command = accelerate_command(config, request_path, placement=placement)
-        env = {"GRPOFLOW_NODE_RANK": str(node)}
-        if local_addr:
-            env["PET_LOCAL_ADDR"] = local_addr  # torchrun's own address for this node (two nodes on one host)
+        env = {"GRPOFLOW_NODE_RANK": str(node), **node_network(placement.host, config, local_addr)}
+        missing = [name for name in config.orchestration.env if not os.environ.get(name)]
+        if missing:
+            raise NodeInputError(
+                f"node {node}: orchestration.env names {', '.join(missing)}, not set on this node "
+                "(set it where the launcher starts the agent: the shell, Slurm's environment, kubeflow.env_secret)"
+            )
         logger.info("node %d of %d: %s", node, request["nodes"], " ".join(command[1:]))
         returncode = run_forwarding_log(command, launch_dir / "ranks.log", env, forward=_print_rank_zero)
     except Exception as exc:
@@ -224,11 +237,49 @@ def run_agent(
         logger.error("node %d: %s", node, exc)
     ended = time.time()
     exit_report = {"node": node, "returncode": returncode, "seconds": round(ended - started, 1), "ended": ended}
+    heartbeat.stop()
     try:
         report(artifacts, node, launch_dir, exit_report)
     except Exception as exc:  # the stage then sees a node that never reported, and says so
         raise InfrastructureError(f"node {node}: could not report to MLflow ({tracking_uri}): {exc}") from exc
     return returncode
+
+
+def node_network(rendezvous_host: str, config: PipelineConfig, local_addr: str | None) -> dict[str, str]:
+    """The environment that makes this node meet the others where they can reach it: gloo's and NCCL's interface
+    and torchrun's own address (``PET_LOCAL_ADDR``), both on the route to node 0, unless given."""
+    env = communication_environment(rendezvous_host, config.orchestration.network_interface, dict(os.environ))
+    if local_addr is None and "PET_LOCAL_ADDR" not in os.environ:
+        with contextlib.suppress(OSError):
+            local_addr = local_address_towards(rendezvous_host)
+    if local_addr:
+        env["PET_LOCAL_ADDR"] = local_addr  # else torchrun takes the hostname's address, often loopback
+    if env:
+        logger.info("node network: %s", ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    return env
+
+
+class Heartbeat:
+    """Every ``HEARTBEAT_S``, this node's time in its tag on the stage run (``grpoflow.node.<k>.beat``): a node
+    whose beats stop while it has not reported is gone (its host or its link), which the stage sees without waiting
+    for the collectives' timeout."""
+
+    def __init__(self, artifacts: StageArtifacts, node: int) -> None:
+        self.artifacts, self.node = artifacts, node
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"node-{node}-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _beat(self) -> None:
+        while not self.stopped.is_set():
+            with contextlib.suppress(Exception):  # a store that does not answer now: the stage judges the silence
+                self.artifacts.client.set_tag(self.artifacts.run_id, heartbeat_tag(self.node), f"{time.time():.1f}")
+            self.stopped.wait(HEARTBEAT_S)
 
 
 def _print_rank_zero(line: str) -> None:

@@ -28,6 +28,16 @@ REQUEST = f"{ROOT}/request.json"
 MANIFEST = f"{ROOT}/manifest.json"  # every shipped file's and the request's sha256; its own digest goes out of band
 INPUTS = f"{ROOT}/inputs"  # train.jsonl, sft-adapter/, base-model/ (when shipped)
 RESULT = f"{ROOT}/result"  # result.json, adapter/, rollouts/ (from the node that held rank 0)
+HEARTBEAT_S = 5.0  # how often a node agent says it is there (a tag on the stage run)
+
+
+def heartbeat_tag(node: int) -> str:
+    """The stage run's tag that holds node ``node``'s last beat (seconds since the epoch).
+
+    >>> heartbeat_tag(1)
+    'grpoflow.node.1.beat'
+    """
+    return f"grpoflow.node.{node}.beat"
 
 
 def node_folder(node: int) -> str:

@@ -60,6 +60,10 @@ def train_job(config: PipelineConfig, agent: list[str], name: str, tracking_uri:
         "env": [
             {"name": "MLFLOW_TRACKING_URI", "value": tracking_uri},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
+            *(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": kubeflow.env_secret, "key": name}}}
+                for name in config.orchestration.env
+            ),
         ],
     }
     if config.orchestration.num_processes:

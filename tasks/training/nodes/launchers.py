@@ -119,15 +119,18 @@ class LocalNodes:
         isolate: bool | None = None,
         processes_per_node: int = 1,
         shared: tuple[Path, ...] = (),
+        network_namespaces: tuple[str, ...] = (),
     ) -> None:
         self.commands, self.launch_dir = commands, launch_dir
         self.shared = shared  # folders every node writes and reads, as on a cluster's shared volume
+        self.network_namespaces = network_namespaces  # node K in the K-th (ip netns): a network of its own
         # This process's threads shared among every rank of every node (torch's threads spin while they wait).
         self.threads = str(rank_threads(len(commands) * processes_per_node))
         self.isolated = shutil.which("bwrap") is not None if isolate is None else isolate
         self.processes: list[subprocess.Popen[str]] = []
         self.readers: list[threading.Thread] = []
         where = "each in its own filesystem and PID namespace" if self.isolated else "sharing this host's files"
+        where += f", network namespaces {', '.join(network_namespaces)}" if network_namespaces else ""
         self.description = f"{len(commands)} local nodes ({where}; logs {launch_dir}/node-K.agent.log)"
 
     def start(self) -> None:
@@ -140,12 +143,16 @@ class LocalNodes:
             logger.warning("bubblewrap not found: the local nodes share this host's filesystem")
         for node, command in enumerate(self.commands):
             # Distinct local addresses (all of 127/8 is loopback): torch's rendezvous tells nodes apart by
-            # address and process id, and two PID namespaces give both agents the same process id.
-            command = [*command, "--local-addr", f"127.0.0.{node + 1}"]
+            # address and process id, and two PID namespaces give both agents the same process id. In a network
+            # namespace of its own, the agent takes its address from the route to node 0.
+            if not self.network_namespaces:
+                command = [*command, "--local-addr", f"127.0.0.{node + 1}"]
             home = NODE_HOME if self.isolated else str(self.launch_dir / f"node-{node}")
             setup = f"mkdir -p {home}/tmp && exec " + shlex.join([*command, "--workdir", f"{home}/work"])
             binds = [arg for folder in self.shared for arg in ("--bind", str(folder), str(folder))]
             wrapped = [*(bubblewrap_prefix() + binds if self.isolated else []), "/bin/sh", "-c", setup]
+            if self.network_namespaces:
+                wrapped = ["ip", "netns", "exec", self.network_namespaces[node], *wrapped]
             process = subprocess.Popen(
                 wrapped,
                 stdout=subprocess.PIPE,
@@ -219,8 +226,8 @@ class ManualNodes:
     """Prints each node's command (and writes them to ``<launch_dir>/commands.sh``); a person or another tool
     runs them, one per machine, and the stage waits for their reports in MLflow."""
 
-    def __init__(self, commands: list[list[str]], launch_dir: Path) -> None:
-        self.commands, self.launch_dir = commands, launch_dir
+    def __init__(self, commands: list[list[str]], launch_dir: Path, env: tuple[str, ...] = ()) -> None:
+        self.commands, self.launch_dir, self.env = commands, launch_dir, env
         self.description = f"{len(commands)} nodes started by hand ({launch_dir}/commands.sh)"
 
     def start(self) -> None:
@@ -230,6 +237,8 @@ class ManualNodes:
         lines = [f"# node {node}\n{shlex.join(command)}" for node, command in enumerate(commands)]
         (self.launch_dir / "commands.sh").write_text("#!/bin/sh\n" + "\n".join(lines) + "\n")
         logger.warning("run each node's command on its machine (node 0 at orchestration.rendezvous_host):")
+        if self.env:
+            logger.warning("with these set in its environment (orchestration.env): %s", " ".join(self.env))
         for node, command in enumerate(commands):
             logger.warning("node %d: %s", node, shlex.join(command))
 

@@ -63,6 +63,8 @@ def sbatch_script(config: PipelineConfig, agent: list[str], name: str) -> str:
     for key in ("partition", "account"):
         if getattr(slurm, key):
             lines.append(f"#SBATCH --{key}={getattr(slurm, key)}")
+    if orchestration.env:  # by name: Slurm copies the values from the submitting shell, never the script
+        lines.append(f"#SBATCH --export=ALL,{','.join(orchestration.env)}")
     lines += [f"#SBATCH {extra}" for extra in slurm.extra]
     lines += [
         "set -euo pipefail",

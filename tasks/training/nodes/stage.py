@@ -8,34 +8,28 @@ Must not import: Prefect (the stage task wraps this; a Prefect cancel reaches ``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tasks.config import PipelineConfig
 from tasks.errors import UserError
-from tasks.layout import ADAPTER, HOLDOUT_FILE
+from tasks.layout import ADAPTER
 from tasks.tracking import RUN_ID_TAG
 from tasks.training.launch import TrainingProcessError, reported_error
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import (
-    INPUTS,
-    MANIFEST,
-    REQUEST,
     RESULT,
-    Manifest,
     StageArtifacts,
-    file_digests,
-    model_digest,
+    heartbeat_tag,
     node_folder,
 )
 from tasks.training.nodes.launchers import LocalNodes, ManualNodes, NodeJob, agent_command
+from tasks.training.nodes.shipping import send_request
 from tasks.training.remote_checkpoints import clear, store_for
 from tasks.training.trainer import TrainResult
 
@@ -48,6 +42,19 @@ FAILURE_GRACE_S = 20.0  # after a node reported a failure, how long the others' 
 
 class NodesNeedServer(UserError, ValueError):
     """Several nodes with a tracking store that only this machine sees."""
+
+
+def store_served_to_nodes(config: PipelineConfig, tracking_uri: str) -> bool:
+    """Whether ``grpoflow run`` serves the store to the nodes itself: local nodes (on this machine) and a local
+    SQLite store, which an MLflow server the run starts opens to them.
+
+    >>> two = PipelineConfig.model_validate({"orchestration": {"nodes": 2}})
+    >>> store_served_to_nodes(two, "sqlite:///x.db"), store_served_to_nodes(two, "http://mlflow:5000")
+    (True, False)
+    """
+    orchestration = config.orchestration
+    local = orchestration.launcher == "local" and not orchestration.local_network_namespaces  # nodes on loopback
+    return orchestration.nodes > 1 and local and tracking_uri.startswith("sqlite:")
 
 
 def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
@@ -75,18 +82,22 @@ def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
     if orchestration.nodes <= 1:
         return
     if not tracking_uri.startswith(("http://", "https://", "databricks")):
+        served = " (`grpoflow run` serves a local SQLite store to local nodes itself)"
+        served = served if orchestration.launcher == "local" else ""
         raise NodesNeedServer(
             f"orchestration.nodes is {orchestration.nodes}: the nodes share nothing but the MLflow tracking "
             f"server, and {tracking_uri} is a store only this machine sees; set tracking.tracking_uri to a server "
-            "every node reaches (e.g. `mlflow server --serve-artifacts`)"
+            f"every node reaches (e.g. `mlflow server --serve-artifacts`){served}"
         )
-    elsewhere = orchestration.launcher == "kubeflow" or (
-        orchestration.launcher == "slurm" and not orchestration.slurm.one_host
+    elsewhere = (
+        orchestration.launcher == "kubeflow"
+        or (orchestration.launcher == "slurm" and not orchestration.slurm.one_host)
+        or bool(orchestration.local_network_namespaces)
     )
     host = urlparse(tracking_uri).hostname or ""
     if elsewhere and (is_loopback(host) or host == "localhost"):
         raise NodesNeedServer(
-            f"orchestration.launcher {orchestration.launcher} runs the nodes on other hosts, and {tracking_uri} "
+            f"orchestration.launcher {orchestration.launcher} runs the nodes on other hosts (or networks), and {tracking_uri} "
             "answers only on this one: set tracking.tracking_uri to an address the nodes reach"
         )
 
@@ -97,9 +108,16 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
     if launcher == "local":
         handover = config.grpo.generation.vllm_adapter_dir  # written by the nodes, read by a vLLM server
         shared = (Path(handover),) if handover else ()
-        return LocalNodes(commands, launch_dir, processes_per_node=config.training_processes(), shared=shared)
+        shared += artifact_folders(uri, commands[0][commands[0].index("--stage-run") + 1])
+        return LocalNodes(
+            commands,
+            launch_dir,
+            processes_per_node=config.training_processes(),
+            shared=shared,
+            network_namespaces=tuple(config.orchestration.local_network_namespaces),
+        )
     if launcher == "manual":
-        return ManualNodes(commands, launch_dir)
+        return ManualNodes(commands, launch_dir, tuple(config.orchestration.env))
     run_id, sealed = (commands[0][commands[0].index(flag) + 1] for flag in ("--stage-run", "--manifest"))
     generic = agent_command(uri, run_id, sealed)  # the node rank from the job's settings
     if launcher == "slurm":
@@ -112,68 +130,24 @@ def job_for(config: PipelineConfig, commands: list[list[str]], launch_dir: Path,
     return KubeflowJob(config, generic, launch_dir, resource_name(name, launch_dir.parent.name), uri)
 
 
-def send_request(
-    artifacts: StageArtifacts,
-    stage: str,
-    config: PipelineConfig,
-    train_path: Path,
-    base_model_dir: Path,
-    sft_adapter_dir: Path | None,
-    keep_ids: set[str] | None,
-    checkpoint_store: dict[str, Any],
-    restore_store: dict[str, Any] | None = None,
-) -> str:
-    """Upload the inputs, the request and last the manifest that seals them (the agents fetch the request first:
-    it must find its inputs). The nodes copy checkpoints to ``checkpoint_store`` and resume from
-    ``restore_store``'s newest (default: the same store). Returns the manifest's digest, which the agents get out of
-    band (their command line) and check every fetched file against."""
-    shipped_files: dict[str, str] = {}
+def artifact_folders(tracking_uri: str, run_id: str) -> tuple[Path, ...]:
+    """The folder local nodes must write where the stage run's artifacts live on this disk (a server over a local
+    store hands out ``file://`` locations, as ``mlflow ui`` does): the experiment's, which holds the pipeline run's
+    checkpoints too. None where the server stores the artifacts itself.
 
-    def ship(local: Path, name: str) -> None:
-        shipped_files.update(file_digests(local, name))  # hashed before the upload: what this host holds
-        artifacts.put(local, name)
+    >>> artifact_folders("http://127.0.0.1:9", "")  # nothing asked where the URI is no local store's server
+    ()
+    """
+    from urllib.parse import unquote, urlparse
 
-    source = config.model.source
-    shipped = Path(source).expanduser().is_dir()  # a local folder: other machines may not have it
-    ship(train_path, f"{INPUTS}/{train_path.name}")
-    holdout = train_path.with_name(HOLDOUT_FILE)  # GRPO's in-training evaluation reads it beside the train file
-    ships_holdout = stage == "grpo" and bool(config.grpo.eval_steps) and holdout.is_file()
-    if ships_holdout:
-        ship(holdout, f"{INPUTS}/{HOLDOUT_FILE}")
-    if sft_adapter_dir is not None:
-        ship(sft_adapter_dir, f"{INPUTS}/sft-adapter")
-    if shipped:
-        ship(base_model_dir, f"{INPUTS}/base-model")
-    reward_modules = ship_reward_modules(ship, config)
-    reward_models = ship_reward_models(ship, config)
-    if config.orchestration.accelerate_config:
-        ship(Path(config.orchestration.accelerate_config), f"{INPUTS}/accelerate.yaml")
-    request = {
-        "stage": stage,
-        "holdout_file": HOLDOUT_FILE if ships_holdout else None,
-        "config": config.model_dump(mode="json"),
-        "train_file": train_path.name,
-        "sft_adapter": sft_adapter_dir is not None,
-        "keep_ids": sorted(keep_ids) if keep_ids is not None else None,
-        "model": {
-            "source": source,
-            "revision": config.model.revision,
-            "digest": model_digest(base_model_dir),
-            "shipped": shipped,
-        },
-        "checkpoint_store": checkpoint_store,
-        "restore_store": restore_store or checkpoint_store,
-        "reward_modules": reward_modules,
-        "reward_models": reward_models,
-        "nodes": config.orchestration.nodes,
-        "host": config.orchestration.rendezvous_host,
-        "port": config.orchestration.rendezvous_port,
-    }
-    request_bytes = json.dumps(request).encode()
-    artifacts.put_bytes(request_bytes, REQUEST)
-    manifest = Manifest({"request": hashlib.sha256(request_bytes).hexdigest(), "files": shipped_files})
-    artifacts.put_bytes(manifest.to_bytes(), MANIFEST)
-    return manifest.digest()
+    from tasks.tracking import client_for
+
+    if not run_id:
+        return ()
+    location = urlparse(client_for(tracking_uri).get_run(run_id).info.artifact_uri)
+    if location.scheme != "file":
+        return ()
+    return (Path(unquote(location.path)).parents[1],)  # <experiment>/<run>/artifacts
 
 
 def resume_source(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
@@ -198,44 +172,6 @@ def resume_source(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
     return store
 
 
-def reward_module_files(name: str, folder: Path) -> list[Path]:
-    """The file or package of an import-path reward inside its ``path`` folder (what another machine needs).
-
-    >>> import tempfile; folder = Path(tempfile.mkdtemp()); _ = (folder / "my_reward.py").write_text("")
-    >>> [p.name for p in reward_module_files("my_reward:score", folder)], reward_module_files("other:f", folder)
-    (['my_reward.py'], [])
-    """
-    top = name.split(":")[0].split(".")[0]
-    return [p for p in (folder / f"{top}.py", folder / top) if p.exists()]
-
-
-def ship_reward_modules(ship: Callable[[Path, str], None], config: PipelineConfig) -> list[int]:
-    """Upload the module of every reward imported from a ``path`` folder (``launch/inputs/rewards/<index>/``): the
-    other machines do not have this one's folders. Rewards importable without a path come with each node's
-    install. Returns the indexes shipped."""
-    shipped = []
-    for index, spec in enumerate(config.rewards):
-        if ":" not in spec.name or spec.path is None:
-            continue
-        for local in reward_module_files(spec.name, Path(spec.path)):
-            ship(local, f"{INPUTS}/rewards/{index}/{local.name}")
-        shipped.append(index)
-    return shipped
-
-
-def ship_reward_models(ship: Callable[[Path, str], None], config: PipelineConfig) -> list[int]:
-    """Upload every reward model given as a local folder (``reward_model``'s ``args.model``;
-    ``launch/inputs/reward-models/<index>/``): the other machines do not have this one's folders. A Hub id is
-    resolved by each node itself. Returns the indexes shipped."""
-    shipped = []
-    for index, spec in enumerate(config.rewards):
-        model = (spec.args or {}).get("model") if spec.name == "reward_model" else None
-        if isinstance(model, str) and Path(model).expanduser().is_dir():
-            ship(Path(model).expanduser(), f"{INPUTS}/reward-models/{index}")
-            shipped.append(index)
-    return shipped
-
-
 def node_reports(
     artifacts: StageArtifacts, nodes: int, known: dict[int, dict[str, Any]] | None = None
 ) -> dict[int, dict[str, Any]]:
@@ -247,22 +183,53 @@ def node_reports(
     return reports
 
 
+def silent_nodes(
+    tags: dict[str, str], nodes: int, reported: set[int], now: float, timeout_s: float
+) -> dict[int, float]:
+    """The nodes that beat once and then fell silent for more than ``timeout_s`` without reporting, and for how long
+    (a node not yet started, e.g. queued, has no beat and is not judged).
+
+    >>> silent_nodes({"grpoflow.node.0.beat": "100.0", "grpoflow.node.1.beat": "70.0"}, 2, set(), 110.0, 30.0)
+    {1: 40.0}
+    """
+    silent = {}
+    for node in range(nodes):
+        beat = tags.get(heartbeat_tag(node))
+        if node not in reported and beat is not None and now - float(beat) > timeout_s:
+            silent[node] = round(now - float(beat), 1)
+    return silent
+
+
 def wait_for_nodes(
     job: NodeJob,
     artifacts: StageArtifacts,
     nodes: int,
     timeout_s: float | None,
     failure_grace_s: float = FAILURE_GRACE_S,
+    heartbeat_timeout_s: float | None = None,
 ) -> dict[int, Any]:
     """Poll until every node reported, a node reported a failure (then the others get ``failure_grace_s`` to
     report: one may be hung in a collective with the failed node, waiting for its timeout), or the job ended (and a
-    grace period passed); returns the reports. Each node's report is fetched once."""
+    grace period passed); returns the reports. Each node's report is fetched once. A node whose heartbeat stopped
+    for ``heartbeat_timeout_s`` (its host or link gone, its sockets left open) ends the wait with an error naming
+    it: its peers would wait in a collective until the process group's timeout."""
     started, ended_at, failed_at = time.monotonic(), None, None
     reports: dict[int, Any] = {}
     while True:
         reports = node_reports(artifacts, nodes, reports)
         if len(reports) == nodes:
             return reports
+        if heartbeat_timeout_s is not None and failed_at is None:
+            tags = artifacts.client.get_run(artifacts.run_id).data.tags
+            silent = silent_nodes(tags, nodes, set(reports), time.time(), heartbeat_timeout_s)
+            if silent:
+                node, quiet = next(iter(silent.items()))
+                raise TrainingProcessError(
+                    f"node {node} went silent: no heartbeat for {quiet:.0f} s (orchestration.node_heartbeat_timeout_s "
+                    f"{heartbeat_timeout_s:.0f}; its host or its link is gone) and no report; every node was stopped "
+                    f"({job.description}); `grpoflow run --resume` restarts every node from the newest complete "
+                    "checkpoint"
+                )
         if failed_at is None and any(report["returncode"] != 0 for report in reports.values()):
             failed_at = time.monotonic()
             failed = sorted(n for n, report in reports.items() if report["returncode"] != 0)
@@ -363,7 +330,13 @@ def train_on_nodes(
     logger.info("%s on %s, %d process%s each", stage, job.description, processes, "es" if processes > 1 else "")
     job.start()
     try:
-        exits = wait_for_nodes(job, artifacts, nodes, config.orchestration.node_wait_timeout_s)
+        exits = wait_for_nodes(
+            job,
+            artifacts,
+            nodes,
+            config.orchestration.node_wait_timeout_s,
+            heartbeat_timeout_s=config.orchestration.node_heartbeat_timeout_s,
+        )
     except BaseException:
         job.cancel()  # a Prefect cancel, a timeout, Ctrl-C: the nodes must not train on alone
         raise

@@ -183,7 +183,7 @@ def test_the_node_agent_without_a_rank_is_one_line_and_exit_2() -> None:
 @pytest.mark.parametrize(
     ("command", "overrides", "said"),
     [
-        ("run", ["orchestration.nodes=2"], "is a store only this machine sees"),
+        ("run", ["orchestration.nodes=2", "orchestration.launcher=slurm"], "is a store only this machine sees"),
         (
             "check",
             ["orchestration.nodes=2", "orchestration.launcher=kubeflow", "tracking.tracking_uri=http://127.0.0.1:5999"],
@@ -210,16 +210,36 @@ def test_a_store_the_nodes_cannot_reach_is_refused_by_check_and_before_the_first
     assert "stage validate" not in done.stderr + done.stdout  # refused before any stage started
 
 
-def test_the_manual_launcher_is_refused_at_load_without_a_wait_bound() -> None:
+def test_the_manual_launcher_is_refused_at_load_without_a_wait_bound_or_a_rendezvous_address() -> None:
     from tasks.config import ConfigError, load_config
 
     repo = Path(__file__).resolve().parents[4]
+    manual = {"orchestration.nodes": 2, "orchestration.launcher": "manual"}
     with pytest.raises(ConfigError, match="node_wait_timeout_s"):
-        load_config(repo / "configs" / "tiny.yaml", {"orchestration.nodes": 2, "orchestration.launcher": "manual"})
-    load_config(
-        repo / "configs" / "tiny.yaml",
-        {"orchestration.nodes": 2, "orchestration.launcher": "manual", "orchestration.node_wait_timeout_s": 600},
-    )
+        load_config(repo / "configs" / "tiny.yaml", {**manual, "orchestration.rendezvous_host": "10.0.0.5"})
+    bounded = {**manual, "orchestration.node_wait_timeout_s": 600}
+    with pytest.raises(ConfigError, match="needs orchestration.rendezvous_host: node 0's address"):
+        load_config(repo / "configs" / "tiny.yaml", bounded)
+    config = load_config(repo / "configs" / "tiny.yaml", {**bounded, "orchestration.rendezvous_host": "10.0.0.5"})
+    assert config.orchestration.rendezvous_host == "10.0.0.5"
+
+
+def test_node_environment_is_named_from_an_allow_list_and_kubeflow_takes_it_from_a_secret() -> None:
+    from tasks.config import ConfigError, load_config
+    from tasks.training.nodes.kubeflow import train_job
+    from tasks.training.nodes.slurm import sbatch_script
+
+    repo = Path(__file__).resolve().parents[4]
+    with pytest.raises(ConfigError, match="'LD_PRELOAD' is not one of the variables nodes may be given"):
+        load_config(repo / "configs" / "tiny.yaml", {"orchestration.env": ["LD_PRELOAD"]})
+    kubeflow = {"orchestration.nodes": 2, "orchestration.launcher": "kubeflow", "orchestration.env": ["HF_TOKEN"]}
+    with pytest.raises(ConfigError, match="needs orchestration.kubeflow.env_secret"):
+        load_config(repo / "configs" / "tiny.yaml", kubeflow)
+    config = load_config(repo / "configs" / "tiny.yaml", {**kubeflow, "orchestration.kubeflow.env_secret": "keys"})
+    env = train_job(config, ["python", "-m", "agent"], "job", "http://mlflow:5000")["spec"]["trainer"]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "HF_TOKEN"}}} in env
+    slurm = config.model_copy(update={"orchestration": config.orchestration.model_copy(update={"launcher": "slurm"})})
+    assert "#SBATCH --export=ALL,HF_TOKEN" in sbatch_script(slurm, ["python"], "job")
 
 
 def test_a_node_reporting_a_failure_ends_the_wait_and_the_error_names_it(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks.config import load_config
-from tasks.training.nodes.stage import ship_reward_models
+from tasks.training.nodes.shipping import ship_reward_models
 
 
 def test_a_reward_model_given_as_a_local_folder_is_shipped_and_a_hub_id_is_not(tmp_path: Path) -> None:
