@@ -70,7 +70,7 @@ docs: install
 # Two pytest-xdist workers (one compute thread each; tests marked `alone` pause the other: tests/conftest.py).
 TEST_WORKERS ?= 2
 test: install
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not pretrained"
 
 # The tests that need the real pretrained model (SmolLM2, converted once from its GGUF): minutes of a 135M model on
@@ -79,7 +79,8 @@ test-pretrained: install
 	$(VENV)/bin/python -m pytest -q -m pretrained --durations=5
 
 # Several nodes on this machine: each node agent in its own filesystem and PID namespace (bubblewrap), meeting on
-# loopback, with a real MLflow server between them (tests/nodes; minutes, so not in `make test`).
+# loopback or, in tests/nodes/test_networks.py, each in a network namespace of its own on a bridge, with a real
+# MLflow server between them (tests/nodes; minutes, so not in `make test`).
 # Slurm on one host (Debian's slurmctld, slurmd and munge) for the test that submits the generated sbatch script.
 slurm-deps:
 	@command -v slurmctld >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \

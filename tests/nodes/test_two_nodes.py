@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -43,15 +45,37 @@ def stage_runs(config: PipelineConfig, run_id: str) -> dict[str, list]:
     return found
 
 
-def test_the_tiny_pipeline_trains_on_two_nodes(tiny_config: PipelineConfig, mlflow_server: dict) -> None:
-    config = two_nodes(tiny_config, mlflow_server, "tiny-two-nodes", 29431)
+def test_the_tiny_pipeline_trains_on_two_nodes_from_the_command_line_with_nothing_started_by_hand(
+    tmp_path: Path,
+) -> None:
+    """`grpoflow run configs/tiny.yaml --set orchestration.nodes=2`, as from a fresh clone: the run's own SQLite
+    store, which the run serves to the nodes itself for as long as it runs."""
+    from tasks.config import load_config
+
+    sets = [f"output_dir={tmp_path / 'out'}", "orchestration.nodes=2", "orchestration.rendezvous_port=29431"]
     # The hold-out file travels to the nodes with the train file; rank 0 scores it at every step, the rest wait.
-    steering = {"eval_steps": 1, "eval_prompts": 8, "select": "best"}
-    config = config.model_copy(update={"grpo": config.grpo.model_copy(update=steering)})
-    summary = pipeline(config, "tiny-nodes")
+    sets += ["grpo.eval_steps=1", "grpo.eval_prompts=8", "grpo.select=best", "model.precision=bf16"]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(REPO / "configs" / "tiny.yaml"), "--run-id", "tiny-nodes"]
+        + [f"--set={item}" for item in sets],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    config = load_config(REPO / "configs" / "tiny.yaml", {"output_dir": str(tmp_path / "out")})
+    summary = json.loads((config.output_dir / "tiny-nodes" / "summary.json").read_text())
     assert summary["promotion"]["version"] == "1"
     assert summary["grpo"]["selected"]["select"] == "best"
-    client = MlflowClient(mlflow_server["uri"])
+    assert summary["mlflow"]["tracking_uri"].startswith("sqlite:")  # the store, read directly after the run
+    served = re.search(
+        r"MLflow server (http://127\.0\.0\.1:\d+) over .*mlflow\.db for the nodes", done.stdout + done.stderr
+    )
+    assert served, done.stderr[-3000:]
+    with pytest.raises(OSError):  # stopped with the run
+        urllib.request.urlopen(f"{served.group(1)}/health", timeout=5)
+    client = MlflowClient(summary["mlflow"]["tracking_uri"])
     runs = stage_runs(config, "tiny-nodes")
     for stage, steps in (("sft", config.sft.max_steps), ("grpo", config.grpo.max_steps)):
         assert len(runs[stage]) == 1, stage  # one MLflow stage run, not one per node or rank
@@ -334,6 +358,8 @@ def test_a_tool_module_and_a_reward_model_folder_only_on_this_side_reach_both_no
             "orchestration": {"nodes": 2, "rendezvous_port": 29441},
             "sft": {"enabled": False},
             "probe": {"enabled": False},
+            "grpo": {"max_steps": 1, "batch_size": 4, "num_generations": 4, "max_completion_length": 128},
+            "evaluation": {"num_prompts": 2, "n_samples": 1, "k": [1], "max_new_tokens": 32, "forgetting": False},
             "model": {"precision": "bf16"},
             "canaries": {"judge_min_ordered": 0.0},  # a random reward model orders nothing
             "tools": {
@@ -366,5 +392,12 @@ def test_a_tool_module_and_a_reward_model_folder_only_on_this_side_reach_both_no
     assert request["tool_modules"] == [1] and request["reward_models"] == [1]
     names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "launch/inputs/tools/1")}
     assert names == {"rates.py"}
-    version = client.get_model_version(config.tracking.registered_model_name, "1")
-    assert Path(client.download_artifacts(version.run_id, "adapter", str(tmp_path / "got"))).is_dir()
+    import mlflow
+
+    mlflow.set_registry_uri(config.resolved_tracking_uri())
+    got = mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{config.tracking.registered_model_name}/1",
+        dst_path=str(tmp_path / "got"),
+        tracking_uri=config.resolved_tracking_uri(),
+    )
+    assert any(Path(got).rglob("adapter_model.safetensors"))  # the registered version loads from the file store

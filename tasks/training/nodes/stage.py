@@ -97,8 +97,8 @@ def check_shared_store(config: PipelineConfig, tracking_uri: str) -> None:
     host = urlparse(tracking_uri).hostname or ""
     if elsewhere and (is_loopback(host) or host == "localhost"):
         raise NodesNeedServer(
-            f"orchestration.launcher {orchestration.launcher} runs the nodes on other hosts (or networks), and {tracking_uri} "
-            "answers only on this one: set tracking.tracking_uri to an address the nodes reach"
+            f"orchestration.launcher {orchestration.launcher} runs the nodes on other hosts (or networks), "
+            f"and {tracking_uri} answers only on this one: set tracking.tracking_uri to an address the nodes reach"
         )
 
 
