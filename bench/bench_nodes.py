@@ -5,7 +5,14 @@ the ranks after training). The global batch is the same in every layout; ``speed
 off above one process, so the single process would otherwise run a different trainer); each process gets an equal
 share of the cores. The table goes to docs/operations.md ("Several nodes").
 
-Run: .venv/bin/python bench/bench_nodes.py [--model tiny|demo] [--steps N]
+The two-node step is then split into compute, all-reduce and waiting: compute is the median step of one process
+doing one node's share (half the global batch on half the cores), all-reduce is the measured all-reduce of the
+adapter's gradients (one per optimizer step: gradient accumulation syncs only at its last micro-batch), and waiting
+is the rest (ranks waiting for each other, the gathers of completions and rewards, the launch's share of the step).
+For another network the all-reduce is estimated with the ring formula 2(n-1)/n x bytes / bandwidth + 2(n-1) x
+latency, printed for 10 and 100 Gbit/s: an estimate, not a measurement.
+
+Run: .venv/bin/python bench/bench_nodes.py [--model tiny|demo] [--steps N] [--layouts NAME ...]
 """
 
 from __future__ import annotations
@@ -24,7 +31,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUTS = {"1 process": (1, 1), "2 processes, 1 node": (1, 2), "2 nodes, 1 process each": (2, 1)}
+# nodes, processes, and the share of the global batch and cores the whole layout gets
+LAYOUTS = {
+    "1 process": (1, 1, 1.0),
+    "1 process, one node's share": (1, 1, 0.5),
+    "2 processes, 1 node": (1, 2, 1.0),
+    "2 nodes, 1 process each": (2, 1, 1.0),
+}
+TWO_NODES, ONE_SHARE = "2 nodes, 1 process each", "1 process, one node's share"
 
 
 def mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
@@ -51,10 +65,11 @@ def measure(model: str, layout: str, steps: int, uri: str, output: Path) -> dict
     from tasks.config import load_config
     from tasks.tracking import client_for
 
-    nodes, processes = LAYOUTS[layout]
+    nodes, processes, share = LAYOUTS[layout]
     config_file = "demo.yaml" if model == "demo" else "tiny.yaml"
-    global_batch = 16 if model == "demo" else 8
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (nodes * processes)))
+    global_batch = int((16 if model == "demo" else 8) * share)
+    cores = int((os.cpu_count() or 1) * share)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // (nodes * processes)))
     overrides = {
         "output_dir": str(output),
         "sft": {"enabled": False, "speedups": "off"},
@@ -78,25 +93,55 @@ def measure(model: str, layout: str, steps: int, uri: str, output: Path) -> dict
         "step_s": statistics.median(gaps) if gaps else float("nan"),
         "stage_s": grpo.data.metrics.get("stage_seconds", float("nan")),
         "allreduce_ms": grpo.data.metrics.get("allreduce_ms", float("nan")),
+        "allreduce_bytes": grpo.data.metrics.get("allreduce_bytes", float("nan")),
     }
+
+
+def ring_allreduce_ms(size_bytes: float, nodes: int, gbit_per_s: float, latency_us: float = 20.0) -> float:
+    """The ring all-reduce estimate: each node sends and receives 2(n-1)/n of the buffer, in 2(n-1) hops.
+
+    >>> round(ring_allreduce_ms(1.25e9, 2, 10.0), 1)  # 1.25 GB over 10 Gbit/s between two nodes
+    1000.0
+    """
+    transfer_s = 2 * (nodes - 1) / nodes * size_bytes * 8 / (gbit_per_s * 1e9)
+    return (transfer_s + 2 * (nodes - 1) * latency_us * 1e-6) * 1000
+
+
+def breakdown(rows: dict[str, dict[str, float]]) -> list[str]:
+    """The two-node step split into compute, all-reduce and waiting, as Markdown lines."""
+    step, compute = rows[TWO_NODES]["step_s"], rows[ONE_SHARE]["step_s"]
+    allreduce_s = rows[TWO_NODES]["allreduce_ms"] / 1000
+    waiting = max(0.0, step - compute - allreduce_s)
+    size = rows[TWO_NODES]["allreduce_bytes"]
+    lines = ["| two-node step (s) | compute (s) | all-reduce (s) | waiting (s) | all-reduce size (bytes) |"]
+    lines += [
+        "|---:|---:|---:|---:|---:|",
+        f"| {step:.3f} | {compute:.3f} | {allreduce_s:.4f} | {waiting:.3f} | {size:.0f} |",
+    ]
+    estimates = ", ".join(f"{rate:g} Gbit/s ≈ {ring_allreduce_ms(size, 2, rate):.3f} ms" for rate in (10.0, 100.0))
+    lines.append(f"\nEstimate (ring all-reduce, 20 µs a hop), this all-reduce between two nodes on {estimates}.")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("tiny", "demo"), default="tiny")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-nodes-"))
     server, uri = mlflow_server(root)
     try:
-        rows = [(layout, measure(args.model, layout, args.steps, uri, root / "out")) for layout in LAYOUTS]
+        rows = {layout: measure(args.model, layout, args.steps, uri, root / "out") for layout in args.layouts}
     finally:
         server.terminate()
-    print(f"\n{args.model} model, GRPO, {args.steps} steps, global batch the same in every layout, speedups off")
+    print(f"\n{args.model} model, GRPO, {args.steps} steps, speedups off")
     print("| layout | median step (s) | GRPO stage wall (s) | all-reduce of the adapter's gradients (ms) |")
     print("|---|---:|---:|---:|")
-    for layout, found in rows:
+    for layout, found in rows.items():
         print(f"| {layout} | {found['step_s']:.2f} | {found['stage_s']:.0f} | {found['allreduce_ms']:.2f} |")
+    if TWO_NODES in rows and ONE_SHARE in rows:
+        print("\n" + "\n".join(breakdown(rows)))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from tasks.layout import (
     HOLDOUT_FILE,
     RemoteGrpoRequest,
 )
-from tasks.tracking import Tracker, handoff_download, handoff_upload
-from tasks.training import clear, restore_newest, store_for
+from tasks.tracking import Tracker, client_for, handoff_download, handoff_upload
+from tasks.training import clear, restore_newest, resume_source, store_for
 
 
 @flow(name="grpoflow-grpo", flow_run_name="{run_id}-grpo", validate_parameters=False)
@@ -65,8 +65,10 @@ def grpo_remote_flow(
             "parent_run_id": parent_run_id,
             "run_id": run_id,
         }
+        # After `grpoflow run --resume` (a new parent run) the checkpoints lie in the killed attempt's run.
+        source = resume_source(client_for(tracking_uri), experiment_id, run_id, where)
+        restore_newest(store_for(source), tracker.layout.stage_dir("grpo") / CHECKPOINTS)
         store = store_for(where)
-        restore_newest(store, tracker.layout.stage_dir("grpo") / CHECKPOINTS)
         keep = set(keep_ids) if keep_ids else None
         result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, keep, checkpoint_store=where)
         handoff_upload(tracker, result.adapter_dir, HANDOFF_GRPO_ADAPTER)

@@ -75,10 +75,10 @@ def rank_main(request_path: Path) -> None:
         (launch_dir / f"rank-{rank}.error.json").write_text(json.dumps(report))
         leave_process_group(finished=False)
         raise
-    allreduce_ms = adapter_allreduce_ms(result.adapter_dir if rank == 0 else None)
+    allreduce = adapter_allreduce(result.adapter_dir if rank == 0 else None)
     if rank == 0:
         payload = {
-            "allreduce_ms": allreduce_ms,
+            **allreduce,
             "adapter_dir": str(result.adapter_dir),
             "steps": result.steps,
             "seconds": result.seconds,
@@ -92,15 +92,19 @@ def rank_main(request_path: Path) -> None:
     leave_process_group(finished=True)
 
 
-def adapter_allreduce_ms(adapter_dir: Path | None, repeats: int = 10) -> float | None:
-    """What one all-reduce of the adapter's gradients costs on this group, in ms (the adapter's trainable
-    values, fp32, as DDP reduces them each step), measured once the training is done; rank 0 passes its adapter,
-    the others None. None on one process."""
+def adapter_allreduce(adapter_dir: Path | None, repeats: int = 10) -> dict[str, float]:
+    """What one all-reduce of the adapter's gradients costs on this group: ``allreduce_ms`` and its size,
+    ``allreduce_bytes`` (the adapter's trainable values, fp32, as DDP reduces them each step), measured once the
+    training is done; rank 0 passes its adapter, the others None. Empty on one process.
+
+    >>> adapter_allreduce(None)  # no process group
+    {}
+    """
     import torch
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
-        return None
+        return {}
     count = torch.zeros(1, dtype=torch.long)
     if adapter_dir is not None:
         from safetensors import safe_open
@@ -119,7 +123,8 @@ def adapter_allreduce_ms(adapter_dir: Path | None, repeats: int = 10) -> float |
         dist.all_reduce(gradients)
     if device != "cpu":
         torch.cuda.synchronize()
-    return round((time.perf_counter() - started) / repeats * 1000, 3)
+    elapsed_ms = (time.perf_counter() - started) / repeats * 1000
+    return {"allreduce_ms": round(elapsed_ms, 3), "allreduce_bytes": gradients.numel() * gradients.element_size()}
 
 
 def leave_process_group(finished: bool) -> None:

@@ -58,6 +58,7 @@ _EXPORTS = {
     "MlflowStore": "remote_checkpoints",
     "clear": "remote_checkpoints",
     "restore_newest": "remote_checkpoints",
+    "resume_source": "remote_checkpoints",
     "store_for": "remote_checkpoints",
     "CorruptCheckpoint": "trainer",
     "MetricsHistory": "trainer",

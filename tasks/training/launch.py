@@ -32,6 +32,9 @@ from tasks.layout import CHECKPOINTS
 from tasks.training.threads import rank_threads
 from tasks.training.trainer import TrainResult, resumable_checkpoint
 
+# What rank 0 measured of its process group after training (tasks/launch.py), logged on the stage run.
+ALLREDUCE_METRICS = ("allreduce_ms", "allreduce_bytes")
+
 logger = logging.getLogger(__name__)
 
 LAUNCH_DIR = "launch"  # under the stage's folder: request.json, result.json, rank-N.error.json, ranks.log
@@ -161,8 +164,7 @@ def train_on_processes(
             launch_dir / "ranks.log",
         )
     result = json.loads((launch_dir / "result.json").read_text())
-    if result.get("allreduce_ms") is not None:
-        stage_run.log_metrics({"allreduce_ms": result["allreduce_ms"]})
+    stage_run.log_metrics({key: result[key] for key in ALLREDUCE_METRICS if result.get(key) is not None})
     logger.info(
         "%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"], time.perf_counter() - started
     )

@@ -172,6 +172,26 @@ def store_for(where: dict[str, Any]) -> CheckpointStore:
     return MlflowStore(where["tracking_uri"], where["parent_run_id"], stage, nodes, node)
 
 
+def resume_source(client: Any, experiment_id: str, pipeline_run_id: str, where: dict[str, Any]) -> dict[str, Any]:
+    """The store to resume from: ``where`` itself when it is a shared folder (keyed by the pipeline run id, the same
+    for every attempt), else the MLflow store of the newest attempt at the same pipeline run (``grpoflow run
+    --resume`` opens a new parent run each time) that holds a complete checkpoint; ``where`` when none does."""
+    from tasks.tracking.runs import RUN_ID_TAG
+
+    if where.get("remote_checkpoints"):
+        return where
+    attempts = client.search_runs(
+        [experiment_id], f"tags.`{RUN_ID_TAG}` = '{pipeline_run_id}'", order_by=["attributes.start_time DESC"]
+    )
+    for attempt in attempts:
+        if "mlflow.parentRunId" in attempt.data.tags:
+            continue  # a stage's run, not an attempt's parent
+        candidate = {**where, "parent_run_id": attempt.info.run_id}
+        if store_for(candidate).complete():
+            return candidate
+    return where
+
+
 def prune(store: CheckpointStore, keep: int, protect: str | None = None) -> list[str]:
     """Delete all but the newest ``keep`` complete checkpoints, and never ``protect`` (the trainer's best checkpoint
     under ``grpo.select: best``, which its own rotation keeps too); returns the names deleted."""

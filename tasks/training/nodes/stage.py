@@ -20,7 +20,7 @@ from tasks.config import PipelineConfig
 from tasks.errors import UserError
 from tasks.layout import ADAPTER
 from tasks.tracking import RUN_ID_TAG
-from tasks.training.launch import TrainingProcessError, reported_error
+from tasks.training.launch import ALLREDUCE_METRICS, TrainingProcessError, reported_error
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import (
     RESULT,
@@ -30,7 +30,7 @@ from tasks.training.nodes.exchange import (
 )
 from tasks.training.nodes.launchers import LocalNodes, ManualNodes, NodeJob, agent_command
 from tasks.training.nodes.shipping import send_request
-from tasks.training.remote_checkpoints import clear, store_for
+from tasks.training.remote_checkpoints import clear, resume_source, store_for
 from tasks.training.trainer import TrainResult
 
 logger = logging.getLogger(__name__)
@@ -150,26 +150,11 @@ def artifact_folders(tracking_uri: str, run_id: str) -> tuple[Path, ...]:
     return (Path(unquote(location.path)).parents[1],)  # <experiment>/<run>/artifacts
 
 
-def resume_source(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
-    """The store to resume from: ``store`` itself, or where it lies in MLflow, the store of the newest earlier
-    attempt at the same pipeline run (``grpoflow run --resume`` opens a new parent run) that holds a complete
-    checkpoint."""
-    if store.get("remote_checkpoints"):  # a folder keyed by the run id: the same for every attempt
-        return store
-    client = stage_run.client
-    run = client.get_run(stage_run.run_id)
-    attempts = client.search_runs(
-        [run.info.experiment_id],
-        f"tags.`{RUN_ID_TAG}` = '{run.data.tags[RUN_ID_TAG]}'",
-        order_by=["attributes.start_time DESC"],
-    )
-    for attempt in attempts:
-        if "mlflow.parentRunId" in attempt.data.tags:
-            continue  # a stage's run, not an attempt's parent
-        candidate = {**store, "parent_run_id": attempt.info.run_id}
-        if store_for(candidate).complete():
-            return candidate
-    return store
+def attempt_store(stage_run: Any, store: dict[str, Any]) -> dict[str, Any]:
+    """The store to resume from: the newest attempt at this pipeline run holding a complete checkpoint
+    (``resume_source``)."""
+    run = stage_run.client.get_run(stage_run.run_id)
+    return resume_source(stage_run.client, run.info.experiment_id, run.data.tags[RUN_ID_TAG], store)
 
 
 def node_reports(
@@ -317,7 +302,7 @@ def train_on_nodes(
         "run_id": Path(stage_run.dir).parent.name,
     }
     store = {**store, "stage": stage, "nodes": nodes}
-    restore = resume_source(stage_run, store)
+    restore = attempt_store(stage_run, store)
     sealed = send_request(
         artifacts, stage, config, train_path, base_model_dir, sft_adapter_dir, keep_ids, store, restore
     )
@@ -353,8 +338,7 @@ def train_on_nodes(
         # throw the whole adapter away. Said, not hidden.
         logger.warning("%s: node %s exited with an error after the stage finished; the result is whole", stage, failed)
     result = artifacts.fetch_json(f"{RESULT}/result.json")
-    if result.get("allreduce_ms") is not None:
-        stage_run.log_metrics({"allreduce_ms": result["allreduce_ms"]})
+    stage_run.log_metrics({key: result[key] for key in ALLREDUCE_METRICS if result.get(key) is not None})
     stage_dir = Path(stage_run.dir)
     for name in (ADAPTER, LEDGER_DIR):
         if f"{RESULT}/{name}" in artifacts.names(RESULT):

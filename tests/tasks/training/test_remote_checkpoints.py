@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tasks.config import PipelineConfig
-from tasks.training import CheckpointMirror, common_trainer_args, store_for
+from tasks.training import CheckpointMirror, common_trainer_args, restore_newest, store_for
 
 
 def _checkpoint(out: Path, step: int) -> None:
@@ -135,3 +135,30 @@ def test_a_resume_discards_newer_local_checkpoints_and_takes_the_stores_copy(tmp
     assert restore_newest(store, local) == "checkpoint-4"
     assert sorted(p.name for p in local.iterdir()) == ["checkpoint-4"]
     assert (local / "checkpoint-4" / "adapter_model.safetensors").read_text() == "the store's"
+
+
+def test_a_resumed_pipeline_finds_the_killed_attempts_checkpoints_in_its_parent_run(tmp_path: Path) -> None:
+    """`grpoflow run --resume` opens a new parent run; a remote GRPO deployment and the nodes stage must still
+    restore from the killed attempt's MLflow store (the newest attempt holding a complete checkpoint)."""
+    from tasks.tracking import client_for
+    from tasks.tracking.runs import RUN_ID_TAG
+    from tasks.training import resume_source
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = client_for(uri)
+    experiment = client.create_experiment("resume", artifact_location=(tmp_path / "artifacts").as_uri())
+    killed, other, resumed = (
+        client.create_run(experiment, start_time=1000 * t, tags={RUN_ID_TAG: run}).info.run_id
+        for t, run in ((1, "r1"), (2, "r2"), (3, "r1"))
+    )
+    client.create_run(experiment, start_time=4000, tags={RUN_ID_TAG: "r1", "mlflow.parentRunId": resumed})
+    where = {"remote_checkpoints": None, "tracking_uri": uri, "parent_run_id": resumed, "run_id": "r1"}
+    assert resume_source(client, experiment, "r1", where) == where  # nothing saved yet anywhere
+
+    _checkpoint(tmp_path / "saved", 4)
+    for run in (killed, other):
+        store_for({**where, "parent_run_id": run}).put(tmp_path / "saved" / "checkpoint-4")
+    source = resume_source(client, experiment, "r1", where)
+    assert source["parent_run_id"] == killed  # not another pipeline run's, not the new attempt's empty one
+    assert restore_newest(store_for(source), tmp_path / "resumed") == "checkpoint-4"
+    assert (tmp_path / "resumed" / "checkpoint-4" / "trainer_state.json").is_file()
