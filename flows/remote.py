@@ -73,6 +73,8 @@ def grpo_remote_flow(
         result = grpo_task(settings, tracker, train_path, base_dir, sft_adapter, keep, checkpoint_store=where)
         handoff_upload(tracker, result.adapter_dir, HANDOFF_GRPO_ADAPTER)
         clear(store)  # the adapter is handed back: its checkpoints are done with
+        if source != where:
+            clear(store_for(source))  # and so are the killed attempt's
         return {"steps": result.steps, "seconds": result.seconds, "worker_dir": str(workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,5 +1,6 @@
 """The remote GRPO flow's checkpoints outlive its worker: killed mid-training, the next worker continues from the
-newest checkpoint the store kept (the pipeline's MLflow run artifacts), past its step."""
+newest checkpoint the store kept (the pipeline's MLflow run artifacts), past its step, also when the pipeline was
+resumed (`grpoflow run --resume` opens a new parent run)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from flows.remote import grpo_remote_flow
@@ -74,7 +76,12 @@ def test_a_killed_remote_grpo_worker_is_continued_by_the_next(tiny_config, tiny_
     kept = store.complete()
     assert kept[0] in ("checkpoint-4", "checkpoint-6") and len(kept) <= 2  # pruned to the newest two
 
-    result = grpo_remote_flow(**request.parameters())  # a new worker (its own temporary folder)
+    # `grpoflow run --resume`: a new parent run for the same pipeline run, the training file handed off again.
+    resumed = client.create_run(experiment_id, tags={"grpoflow.run_id": "remote-1"}).info.run_id
+    retracker = Tracker(config.resolved_tracking_uri(), experiment_id, resumed, "remote-1", tmp_path / "resumed")
+    handoff_upload(retracker, tiny_split.train_path, HANDOFF_TRAIN)
+    # A new worker (its own temporary folder) under the new parent run.
+    result = grpo_remote_flow(**replace(request, parent_run_id=resumed).parameters())
     assert result["steps"] == 10
     grpo_runs = sorted(
         (r for r in client.search_runs([experiment_id]) if r.data.tags.get("grpoflow.stage") == "grpo"),
@@ -84,7 +91,7 @@ def test_a_killed_remote_grpo_worker_is_continued_by_the_next(tiny_config, tiny_
     continued = grpo_runs[-1]
     assert continued.data.metrics["resumed_from_step"] == int(kept[0].split("-")[1])  # not from step 0
     assert continued.data.metrics["train_steps"] == 10
-    assert store.complete() == []  # done: the checkpoints were cleared from the store
-    handed_back = {Path(a.path).name for a in client.list_artifacts(parent, f"handoff/{HANDOFF_GRPO_ADAPTER}")}
+    assert store.complete() == []  # done: the killed attempt's checkpoints were cleared
+    handed_back = {Path(a.path).name for a in client.list_artifacts(resumed, f"handoff/{HANDOFF_GRPO_ADAPTER}")}
     assert "adapter_model.safetensors" in handed_back
-    assert [a.path for a in client.list_artifacts(parent, ARTIFACT_DIR)] == []
+    assert [a.path for a in client.list_artifacts(resumed, ARTIFACT_DIR)] == []
