@@ -371,7 +371,7 @@ def test_a_tool_module_and_a_reward_model_folder_only_on_this_side_reach_both_no
                         "path": str(tools),
                         "canaries": [{"arguments": {"currency": "USD"}, "expect": "0.92"}],
                     },
-                ]
+                ],
             },
             "rewards": [
                 {"name": "math_accuracy"},
