@@ -80,6 +80,8 @@ def measure(model: str, layout: str, steps: int, uri: str, output: Path) -> dict
         "orchestration": {"nodes": nodes, "num_processes": processes, "rendezvous_port": 29451},
         "tracking": {"tracking_uri": uri, "registered_model_name": f"bench-nodes-{model}"},
     }
+    if share < 1:  # one node's completions, as whole groups: the same work per process as on two nodes
+        overrides["grpo"]["num_generations"] = global_batch
     config = load_config(REPO / "configs" / config_file, overrides)
     run_id = f"{model}-{nodes}x{processes}-{int(time.time())}"
     pipeline(config, run_id)
