@@ -1,10 +1,12 @@
 """Two nodes on networks of their own (``make test-nodes``): each in a network namespace, meeting node 0 and
 MLflow over a bridge, with this host's name resolving to loopback in both. A node whose link goes down mid-step
 (its sockets left open, as when a host vanishes) ends the stage within the bound its heartbeat sets, named; the
-resumed run then trains on both nodes to the end."""
+resumed run then trains on both nodes to the end. A failure one node reports ends the stage within seconds, named,
+keeping its kind."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -14,8 +16,11 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flows.pipeline import pipeline
 from tasks.config import PipelineConfig
-from tests.nodes.test_two_nodes import SLOW_REWARD, _cli, _parent_run, grpo_only, two_nodes
+from tasks.errors import GateStop
+from tasks.training.nodes.stage import FAILURE_GRACE_S
+from tests.nodes.test_two_nodes import SLOW_REWARD, _cli, _parent_run, grpo_only, stage_runs, two_nodes
 
 pytestmark = pytest.mark.xdist_group("nodes")
 HEARTBEAT_TIMEOUT_S = 15.0
@@ -92,3 +97,42 @@ def test_a_node_whose_link_goes_down_mid_step_is_named_within_the_bound_and_resu
     ]
     assert sorted(run.info.status for run in grpo) == ["FAILED", "FINISHED"]
     assert next(run for run in grpo if run.info.status == "FINISHED").data.metrics["train_steps"] == 8
+
+
+def test_an_error_on_node_1_ends_the_stage_within_seconds_as_a_gate_stop_naming_it(
+    tiny_config: PipelineConfig, separate_networks: dict[str, Any], tmp_path: Path
+) -> None:
+    """A reward that cannot judge on node 1 only: its rank stops (the None-share gate) and reports; node 0's rank
+    would wait for it in the next collective; the stage raises node 1's own error within seconds."""
+    (tmp_path / "node_reward.py").write_text(
+        "import os\n"
+        "def judged_on_node_0(completions, **kwargs):\n"
+        "    return [None if os.environ.get('GRPOFLOW_NODE_RANK') == '1' else 1.0 for _ in completions]\n"
+    )
+    config = grpo_only(
+        two_nodes(
+            tiny_config,
+            separate_networks["mlflow"],
+            "tiny-nodes-gate",
+            29445,
+            rewards=[{"name": "node_reward:judged_on_node_0", "path": str(tmp_path)}],
+            canaries={"enabled": False},
+        )
+    )
+    raw = config.model_dump(mode="json")
+    raw["orchestration"].update(
+        local_network_namespaces=separate_networks["namespaces"], rendezvous_host=separate_networks["addresses"][0]
+    )
+    config = PipelineConfig.model_validate(raw)
+    with pytest.raises(GateStop, match=r"grpo node 1 rank 1: reward judged_on_node_0 could not judge"):
+        pipeline(config, "nodes-gate")
+    ended = time.time()
+    client = MlflowClient(config.resolved_tracking_uri())
+    grpo = stage_runs(config, "nodes-gate")["grpo"][0]
+    errors = client.list_artifacts(grpo.info.run_id, "launch/nodes/node-1/errors")
+    reported = min(
+        json.loads(Path(client.download_artifacts(grpo.info.run_id, error.path)).read_text())["time"]
+        for error in errors
+    )
+    print(f"the stage ended {ended - reported:.1f} s after node 1 reported its error")
+    assert ended - reported < FAILURE_GRACE_S + 10  # the others' grace, a poll, the launcher's stop
