@@ -164,9 +164,9 @@ class OrchestrationSettings(_Strict):
     )
     ship_hub_model: bool = Field(
         False,
-        description="Send a Hub base model to the nodes from this machine's cache, as a local folder is sent "
-        "(nodes without Hub access); default: each node resolves the Hub id itself (its cache or the Hub), checked "
-        "against this machine's bytes.",
+        description="Send Hub models (the base model, a reward_model's) to the nodes from this machine's cache, as a "
+        "local folder is sent (nodes without Hub access); default: each node resolves the Hub id itself (its cache "
+        "or the Hub), the base model checked against this machine's bytes.",
     )
     env: list[str] = Field(
         default_factory=list,

@@ -20,6 +20,7 @@ from tasks.training.nodes.exchange import (
     MANIFEST,
     REQUEST,
     Manifest,
+    NodeInputError,
     StageArtifacts,
     file_digests,
     model_digest,
@@ -149,14 +150,37 @@ def ship_tool_modules(ship: Callable[[Path, str], None], config: PipelineConfig)
     return shipped
 
 
-def ship_reward_models(ship: Callable[[Path, str], None], config: PipelineConfig) -> list[int]:
+def ship_reward_models(
+    ship: Callable[[Path, str], None], config: PipelineConfig, hub_cache: Path | None = None
+) -> list[int]:
     """Upload every reward model given as a local folder (``reward_model``'s ``args.model``;
     ``launch/inputs/reward-models/<index>/``): the other machines do not have this one's folders. A Hub id is
-    resolved by each node itself. Returns the indexes shipped."""
+    resolved by each node itself, or, with ``orchestration.ship_hub_model``, shipped from this machine's Hub cache
+    (``hub_cache``: default, the Hub's own) as the base model is. Returns the indexes shipped."""
     shipped = []
     for index, spec in enumerate(config.rewards):
         model = (spec.args or {}).get("model") if spec.name == "reward_model" else None
-        if isinstance(model, str) and Path(model).expanduser().is_dir():
+        if not isinstance(model, str):
+            continue
+        if Path(model).expanduser().is_dir():
             ship(Path(model).expanduser(), f"{INPUTS}/reward-models/{index}")
             shipped.append(index)
+        elif config.orchestration.ship_hub_model:
+            ship(cached_hub_model(model, f"rewards[{index}].args.model", hub_cache), f"{INPUTS}/reward-models/{index}")
+            shipped.append(index)
     return shipped
+
+
+def cached_hub_model(repo_id: str, key: str, hub_cache: Path | None = None) -> Path:
+    """The folder of ``repo_id`` in this machine's Hub cache, for shipping to nodes without Hub access; a
+    ``NodeInputError`` naming ``key`` when it is not there."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=hub_cache, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise NodeInputError(
+            f"{key}: {repo_id} is not in this machine's Hub cache, and orchestration.ship_hub_model sends the nodes "
+            f"what is there (`hf download {repo_id}` first, or set ship_hub_model: false): {exc}"
+        ) from exc
