@@ -12,12 +12,16 @@ is the rest (ranks waiting for each other, the gathers of completions and reward
 For another network the all-reduce is estimated with the ring formula 2(n-1)/n x bytes / bandwidth + 2(n-1) x
 latency, printed for 10 and 100 Gbit/s: an estimate, not a measurement.
 
-Run: .venv/bin/python bench/bench_nodes.py [--model tiny|demo] [--steps N] [--layouts NAME ...]
+With ``--namespaces`` (root) the two nodes run in network namespaces of their own on a bridge, as
+``make test-nodes`` does, so the all-reduce crosses veth links rather than loopback.
+
+Run: .venv/bin/python bench/bench_nodes.py [--model tiny|demo] [--steps N] [--layouts NAME ...] [--namespaces]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -26,11 +30,15 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tasks.training.nodes.network import bridged_namespaces  # noqa: E402
+
 # nodes, processes, and the share of the global batch and cores the whole layout gets
 LAYOUTS = {
     "1 process": (1, 1, 1.0),
@@ -41,11 +49,11 @@ LAYOUTS = {
 TWO_NODES, ONE_SHARE = "2 nodes, 1 process each", "1 process, one node's share"
 
 
-def mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
+def mlflow_server(root: Path, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
     from flows.services import free_port
 
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "a")]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # its GenAI job workers: not used
     server = subprocess.Popen(
@@ -53,14 +61,14 @@ def mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
     )
     for _ in range(180):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server, f"http://127.0.0.1:{port}"
+            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=2):
+                return server, f"http://{host}:{port}"
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("mlflow server did not start")
 
 
-def measure(model: str, layout: str, steps: int, uri: str, output: Path) -> dict[str, float]:
+def measure(model: str, layout: str, steps: int, uri: str, output: Path, networks: Any = None) -> dict[str, float]:
     from flows.pipeline import pipeline
     from tasks.config import load_config
     from tasks.tracking import client_for
@@ -82,6 +90,10 @@ def measure(model: str, layout: str, steps: int, uri: str, output: Path) -> dict
     }
     if share < 1:  # one node's completions, as whole groups: the same work per process as on two nodes
         overrides["grpo"]["num_generations"] = global_batch
+    if networks is not None and nodes > 1:  # each node in a network namespace of its own, meeting over veth
+        overrides["orchestration"].update(
+            local_network_namespaces=networks.namespaces, rendezvous_host=networks.addresses[0]
+        )
     config = load_config(REPO / "configs" / config_file, overrides)
     run_id = f"{model}-{nodes}x{processes}-{int(time.time())}"
     pipeline(config, run_id)
@@ -130,14 +142,18 @@ def main() -> None:
     parser.add_argument("--model", choices=("tiny", "demo"), default="tiny")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument(
+        "--namespaces", action="store_true", help="two nodes in network namespaces on a bridge (veth; needs root)"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-nodes-"))
-    server, uri = mlflow_server(root)
-    try:
-        rows = {layout: measure(args.model, layout, args.steps, uri, root / "out") for layout in args.layouts}
-    finally:
-        server.terminate()
-    print(f"\n{args.model} model, GRPO, {args.steps} steps, speedups off")
+    with contextlib.ExitStack() as stack:
+        networks = stack.enter_context(bridged_namespaces(2, os.getpid() % 10000)) if args.namespaces else None
+        server, uri = mlflow_server(root, networks.bridge_address if networks else "127.0.0.1")
+        stack.callback(server.terminate)
+        rows = {layout: measure(args.model, layout, args.steps, uri, root / "out", networks) for layout in args.layouts}
+    where = "two nodes on veth (network namespaces on a bridge)" if args.namespaces else "nodes on loopback"
+    print(f"\n{args.model} model, GRPO, {args.steps} steps, speedups off, {where}")
     print("| layout | median step (s) | GRPO stage wall (s) | all-reduce of the adapter's gradients (ms) |")
     print("|---|---:|---:|---:|")
     for layout, found in rows.items():

@@ -13,6 +13,9 @@ import fcntl
 import ipaddress
 import socket
 import struct
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -66,3 +69,50 @@ def communication_environment(
     if interface is None:
         return {}
     return {name: interface for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if name not in environ}
+
+
+@dataclass(frozen=True)
+class BridgedNamespaces:
+    """Network namespaces on one bridge (``bridged_namespaces``): node K's namespace, its address, the host end of
+    its link (take it down to cut the node off, its sockets left open), and the bridge's own address (where an
+    MLflow server the nodes reach listens)."""
+
+    namespaces: list[str]
+    addresses: list[str]
+    host_links: list[str]
+    bridge_address: str
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def bridged_namespaces(count: int, tag: int) -> Iterator[BridgedNamespaces]:
+    """``count`` network namespaces, each joined by a veth pair to one bridge on 10.77.<tag % 200 + 20>.0/24 (the
+    bridge .1, node K .K+2), for ``orchestration.local_network_namespaces``: nodes on one machine that meet over a
+    network as separate hosts would. Needs root and iproute2; everything is deleted on exit."""
+    prefix = f"10.77.{tag % 200 + 20}"
+    bridge, namespaces = f"gfbr{tag}", [f"gfn{tag}x{k}" for k in range(count)]
+    host_links = [f"gfh{tag}x{k}" for k in range(count)]
+    _ip("link", "add", bridge, "type", "bridge")
+    try:
+        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for node, (namespace, host_link) in enumerate(zip(namespaces, host_links, strict=True)):
+            inner = f"gfv{tag}x{node}"
+            _ip("netns", "add", namespace)
+            _ip("link", "add", host_link, "type", "veth", "peer", "name", inner)
+            _ip("link", "set", inner, "netns", namespace)
+            _ip("link", "set", host_link, "master", bridge)
+            _ip("link", "set", host_link, "up")
+            _ip("-n", namespace, "addr", "add", f"{prefix}.{node + 2}/24", "dev", inner)
+            _ip("-n", namespace, "link", "set", inner, "up")
+            _ip("-n", namespace, "link", "set", "lo", "up")
+        yield BridgedNamespaces(
+            namespaces, [f"{prefix}.{node + 2}" for node in range(count)], host_links, f"{prefix}.1"
+        )
+    finally:
+        for namespace in namespaces:
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
