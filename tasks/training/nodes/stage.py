@@ -250,32 +250,42 @@ def nodes_error(
     nodes: int,
     exits: dict[int, Any],
     reports: list[dict[str, Any]] | None = None,
+    ended_before_stop: dict[int, str] | None = None,
 ) -> Exception:
-    """One error for a failed group: a node that vanished without a report and that the launcher saw end (the others
-    stopped because of it); else the first error a rank reported, keeping its type (a gate stop on node 1 is still a
-    gate stop) and naming the nodes stopped with it (a node still running, hung behind it); else a node that
-    vanished; else the nodes' exit codes. ``reports``: the ranks' reports, when already read."""
+    """One error for a failed group: a node that vanished without a report and that the launcher saw end on its own
+    (the others stopped because of it); else the first error a rank reported, keeping its type (a gate stop on node
+    1 is still a gate stop) and naming the nodes stopped with it (a node still running, hung behind it); else a node
+    that reported a failure with no rank's report (a rank that aborted); else a node that vanished; else the nodes'
+    exit codes. ``reports``: the ranks' reports, when already read; ``ended_before_stop``: the launcher's ends as they
+    were when the stage stopped the remaining nodes (an end the stage caused is not a cause)."""
     logs = f"MLflow run {artifacts.run_id} artifacts launch/nodes/"
+    resume = "`grpoflow run --resume` restarts every node from the newest complete checkpoint"
     vanished = [node for node in range(nodes) if node not in exits]
     reports = rank_reports(artifacts, nodes) if reports is None else reports
-    reported_failure = any(report["returncode"] != 0 for report in exits.values())
+    failed = sorted(node for node, report in exits.items() if report["returncode"] != 0)
     ends = job.ends() if vanished else {}
+    if ended_before_stop is not None:
+        ends = {node: how for node, how in ends.items() if node in ended_before_stop}
     # A node the launcher saw end (killed, crashed) is the cause, whatever the others then reported about it (a peer
     # closing the connection); one still running without a report is hung behind a node that reported a failure.
-    if vanished and (any(n in ends for n in vanished) or not (reported_failure and reports)):
+    if vanished and (any(n in ends for n in vanished) or not failed):
         how = "; ".join(f"node {n}: {ends.get(n, 'no report')}" for n in vanished)
         others = ", ".join(f"node {n}: exit {report['returncode']}" for n, report in sorted(exits.items()))
         return TrainingProcessError(
             f"{stage}: node {vanished[0]} ended without reporting ({how}); the other nodes stopped with it "
-            f"({others or 'none reported'}); "
-            f"logs: {logs}; `grpoflow run --resume` restarts every node from the newest complete checkpoint"
+            f"({others or 'none reported'}); logs: {logs}; {resume}"
+        )
+    stopped = f"node {', '.join(map(str, vanished))} stopped with it" if vanished else "every node was stopped"
+    if not reports and failed:
+        return TrainingProcessError(
+            f"{stage}: node {failed[0]} failed (exit {exits[failed[0]]['returncode']}) and no rank reported an error "
+            f"(a rank that aborted: see node {failed[0]}'s log.txt); {stopped}; logs: {logs}; {resume}"
         )
     if not reports:
         codes = ", ".join(f"node {n}: {e['returncode']}" for n, e in sorted(exits.items()))
         return TrainingProcessError(f"{stage}: the nodes exited ({codes}) and no rank reported an error; logs: {logs}")
     first = reports[0]
     where = f"node {first['node']}" + (f" rank {first['rank']}" if first.get("rank") is not None else "")
-    stopped = f"node {', '.join(map(str, vanished))} stopped with it" if vanished else "every node was stopped"
     return reported_error(first, f"{stage} {where}: {first['message']}", f"{stopped}; logs: {logs}")
 
 
@@ -325,14 +335,16 @@ def train_on_nodes(
     except BaseException:
         job.cancel()  # a Prefect cancel, a timeout, Ctrl-C: the nodes must not train on alone
         raise
+    ended_before_stop = None
     if job.state() != "ended" and any(e["returncode"] != 0 for e in exits.values()):
+        ended_before_stop = job.ends()  # what ended on its own, before the stage stopped the rest
         job.cancel()
     stage_run.log_metrics({f"node_{n}_seconds": e["seconds"] for n, e in exits.items()})
     found = f"{RESULT}/result.json" in artifacts.names(RESULT)
     failed = [node for node, exit_report in exits.items() if exit_report["returncode"] != 0]
     reports = rank_reports(artifacts, nodes) if failed or not found or len(exits) < nodes else []
     if not found or len(exits) < nodes or (failed and reports):
-        raise nodes_error(stage, job, artifacts, nodes, exits, reports)
+        raise nodes_error(stage, job, artifacts, nodes, exits, reports, ended_before_stop)
     if failed:
         # Rank 0 wrote the result after the last collective: a node that failed after that (at exit) must not
         # throw the whole adapter away. Said, not hidden.

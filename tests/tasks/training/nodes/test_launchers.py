@@ -264,6 +264,14 @@ def test_a_node_reporting_a_failure_ends_the_wait_and_the_error_names_it(tmp_pat
     message = str(nodes_error("grpo", job, artifacts, 2, exits))
     assert message.startswith("grpo node 1 rank 1: a reward failed") and "node 0 stopped with it" in message
 
+    # A rank that aborts (SIGABRT) reports nothing: node 1's exit is still the cause, not node 0 that the stage
+    # stopped after it (seen in make test-matrix: it was named "node 0 ended without reporting").
+    silent = StageArtifacts(uri, client.create_run(client.create_experiment("aborted")).info.run_id)
+    silent.put_json({"returncode": 1, "seconds": 3.0}, f"{node_folder(1)}/exit.json")
+    message = str(nodes_error("grpo", job, silent, 2, {1: {"returncode": 1, "seconds": 3.0}}, ended_before_stop={}))
+    assert message.startswith("grpo: node 1 failed (exit 1) and no rank reported an error"), message
+    assert "node 0 stopped with it" in message
+
 
 @pytest.mark.parametrize(("python", "code"), [(sys.executable, 0), ("/only/on/the/submitting/host/python", 2)])
 def test_each_slurm_task_checks_its_interpreter_before_it_starts(python: str, code: int) -> None:
