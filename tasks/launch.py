@@ -20,7 +20,7 @@ from tasks.grpo import run_grpo
 from tasks.models.vllm_logs import route_vllm_logging
 from tasks.sft import run_sft
 from tasks.tracking import StageRun
-from tasks.training import CheckpointMirror, LaunchRequest, MlflowTrainerCallback, store_for
+from tasks.training import CheckpointMirror, LaunchRequest, MlflowTrainerCallback, rank_done_file, store_for
 
 
 def rank_main(request_path: Path) -> None:
@@ -90,6 +90,7 @@ def rank_main(request_path: Path) -> None:
         }
         (launch_dir / "result.json").write_text(json.dumps(payload))
     leave_process_group(finished=True)
+    rank_done_file(launch_dir, rank).touch()  # an abort at exit from here on loses nothing: the agent says so
 
 
 def adapter_allreduce(adapter_dir: Path | None, repeats: int = 10) -> dict[str, float]:

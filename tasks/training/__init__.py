@@ -44,6 +44,7 @@ _EXPORTS = {
     "SamplerMismatch": "agreement",
     "LaunchRequest": "launch",
     "train_on_processes": "launch",
+    "rank_done_file": "launch",
     "RetirementPool": "learning_signal",
     "SIGNAL_STATE_FILE": "learning_signal",
     "SignalStateSaver": "learning_signal",

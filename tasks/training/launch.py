@@ -37,7 +37,33 @@ ALLREDUCE_METRICS = ("allreduce_ms", "allreduce_bytes")
 
 logger = logging.getLogger(__name__)
 
-LAUNCH_DIR = "launch"  # under the stage's folder: request.json, result.json, rank-N.error.json, ranks.log
+LAUNCH_DIR = "launch"  # under the stage's folder: request.json, result.json, rank-N.error.json, rank-N.done, ranks.log
+
+
+def rank_done_file(launch_dir: Path, rank: int) -> Path:
+    """Written by a rank once every rank is past its last collective and rank 0 wrote the result (tasks/launch.py):
+    the rank's work is done, whatever its exit code then says (an abort at interpreter exit).
+
+    >>> rank_done_file(Path("launch"), 3).name
+    'rank-3.done'
+    """
+    return launch_dir / f"rank-{rank}.done"
+
+
+def ranks_done(launch_dir: Path, processes: int) -> bool:
+    """Whether ``processes`` ranks in ``launch_dir`` marked their work done (a node's own ranks: its markers only).
+
+    >>> ranks_done(Path("/nonexistent"), 2)
+    False
+    """
+    return len(list(launch_dir.glob("rank-*.done"))) >= processes
+
+
+def clear_stale_reports(launch_dir: Path) -> None:
+    """Remove a previous attempt's rank errors, done markers and result from ``launch_dir`` (a resume in the same
+    folder must not report them as this attempt's)."""
+    for stale in [*launch_dir.glob("rank-*.error.json"), *launch_dir.glob("rank-*.done"), launch_dir / "result.json"]:
+        stale.unlink(missing_ok=True)
 
 
 class TrainingProcessError(InfrastructureError, RuntimeError):
@@ -126,8 +152,7 @@ def train_on_processes(
     stage_dir = Path(stage_run.dir)
     launch_dir = stage_dir / LAUNCH_DIR
     launch_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*launch_dir.glob("rank-*.error.json"), launch_dir / "result.json"]:
-        stale.unlink(missing_ok=True)
+    clear_stale_reports(launch_dir)
     resumable_checkpoint(stage_dir / CHECKPOINTS)  # a corrupt checkpoint is set aside once, here, not by N ranks
     request = LaunchRequest(
         stage=stage,

@@ -87,7 +87,8 @@ def test_the_tiny_pipeline_trains_on_two_nodes_from_the_command_line_with_nothin
             assert sorted(m.step for m in scored) == list(range(1, steps + 1))
         for node in (0, 1):
             folder = Path(client.download_artifacts(run.info.run_id, f"launch/nodes/node-{node}"))
-            assert json.loads((folder / "exit.json").read_text())["returncode"] == 0, (stage, node)
+            exit_report = json.loads((folder / "exit.json").read_text())
+            assert exit_report["returncode"] == 0 and exit_report["ranks_finished"], (stage, node)
             log = (folder / "log.txt").read_text()
             assert f"node {node}: RANK=" in log and "WORLD_SIZE=2" in log, (stage, node)
     assert summary["evaluation"]["models"]["grpo"]["n_samples"] == config.evaluation.n_samples

@@ -29,7 +29,15 @@ from typing import Any
 from tasks.config import PipelineConfig
 from tasks.errors import GrpoflowError, InfrastructureError
 from tasks.layout import ADAPTER, CHECKPOINTS
-from tasks.training.launch import LAUNCH_DIR, LaunchRequest, NodePlacement, accelerate_command, run_forwarding_log
+from tasks.training.launch import (
+    LAUNCH_DIR,
+    LaunchRequest,
+    NodePlacement,
+    accelerate_command,
+    clear_stale_reports,
+    ranks_done,
+    run_forwarding_log,
+)
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import (
     HEARTBEAT_S,
@@ -155,6 +163,7 @@ def prepare_node(
     resumable_checkpoint(stage_dir / CHECKPOINTS)
     launch_dir = stage_dir / LAUNCH_DIR
     launch_dir.mkdir(parents=True, exist_ok=True)
+    clear_stale_reports(launch_dir)  # a persistent work folder: a previous attempt's reports are not this one's
     local = LaunchRequest(
         stage=request["stage"],
         config=config,
@@ -210,12 +219,12 @@ def run_agent(
     node_dir = workdir / f"node-{node}"
     launch_dir = node_dir / "launch-agent"
     launch_dir.mkdir(parents=True, exist_ok=True)
-    returncode, agent_error = 1, None
+    returncode, agent_error, processes = 1, None, None
     try:
         verified = VerifiedInputs(artifacts, manifest_digest, node)
         request = verified.request
         config, request_path = prepare_node(request, verified, node, node_dir)
-        launch_dir = request_path.parent
+        launch_dir, processes = request_path.parent, config.training_processes()
         host, port = rendezvous_from_environment(request)
         placement = NodePlacement(request["nodes"], node, rendezvous_host or host, port)
         command = accelerate_command(config, request_path, placement=placement)
@@ -237,6 +246,8 @@ def run_agent(
         logger.error("node %d: %s", node, exc)
     ended = time.time()
     exit_report = {"node": node, "returncode": returncode, "seconds": round(ended - started, 1), "ended": ended}
+    # Every rank here past the last collective (its done marker): an exit code that says otherwise came at exit.
+    exit_report["ranks_finished"] = agent_error is None and processes is not None and ranks_done(launch_dir, processes)
     heartbeat.stop()
     try:
         report(artifacts, node, launch_dir, exit_report)

@@ -185,6 +185,17 @@ def silent_nodes(
     return silent
 
 
+def node_failed(exit_report: dict[str, Any]) -> bool:
+    """Whether a node's exit report is a failure that ends the stage: a non-zero exit, unless every rank of the
+    node had marked its work done (past the last collective, the result written): an abort at exit, which the
+    other nodes finish through.
+
+    >>> node_failed({"returncode": 1}), node_failed({"returncode": -6, "ranks_finished": True})
+    (True, False)
+    """
+    return exit_report["returncode"] != 0 and not exit_report.get("ranks_finished", False)
+
+
 def wait_for_nodes(
     job: NodeJob,
     artifacts: StageArtifacts,
@@ -215,9 +226,9 @@ def wait_for_nodes(
                     f"({job.description}); `grpoflow run --resume` restarts every node from the newest complete "
                     "checkpoint"
                 )
-        if failed_at is None and any(report["returncode"] != 0 for report in reports.values()):
+        if failed_at is None and any(node_failed(report) for report in reports.values()):
             failed_at = time.monotonic()
-            failed = sorted(n for n, report in reports.items() if report["returncode"] != 0)
+            failed = sorted(n for n, report in reports.items() if node_failed(report))
             logger.error("node %s reported a failure: the stage ends (the others are stopped)", failed[0])
         if failed_at is not None and time.monotonic() - failed_at > failure_grace_s:
             return reports
@@ -336,7 +347,7 @@ def train_on_nodes(
         job.cancel()  # a Prefect cancel, a timeout, Ctrl-C: the nodes must not train on alone
         raise
     ended_before_stop = None
-    if job.state() != "ended" and any(e["returncode"] != 0 for e in exits.values()):
+    if job.state() != "ended" and any(node_failed(e) for e in exits.values()):
         ended_before_stop = job.ends()  # what ended on its own, before the stage stopped the rest
         job.cancel()
     stage_run.log_metrics({f"node_{n}_seconds": e["seconds"] for n, e in exits.items()})

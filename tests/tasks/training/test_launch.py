@@ -48,6 +48,8 @@ def test_the_tiny_pipeline_trains_on_two_processes(tiny_config: PipelineConfig) 
     for stage in ("sft", "grpo"):  # every rank ended cleanly: none aborted at exit after its work
         exit_file = config.output_dir / "tiny-ddp" / stage / "launch" / "exit.json"
         assert json.loads(exit_file.read_text()) == {"returncode": 0}, stage
+        done = sorted(path.name for path in exit_file.parent.glob("rank-*.done"))
+        assert done == ["rank-0.done", "rank-1.done"], stage  # each rank marked its work done past the barrier
     launch = config.output_dir / "tiny-ddp" / "grpo" / "launch"
     log = (launch / "ranks.log").read_text()
     assert "[rank 1]" not in log or "[rank 0]" in log  # both ranks ran; rank 0 logged

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -271,6 +272,29 @@ def test_a_node_reporting_a_failure_ends_the_wait_and_the_error_names_it(tmp_pat
     message = str(nodes_error("grpo", job, silent, 2, {1: {"returncode": 1, "seconds": 3.0}}, ended_before_stop={}))
     assert message.startswith("grpo: node 1 failed (exit 1) and no rank reported an error"), message
     assert "node 0 stopped with it" in message
+
+
+def test_a_node_whose_ranks_finished_before_an_abort_at_exit_does_not_end_the_wait(tmp_path: Path) -> None:
+    """Node 1's rank aborts at interpreter exit (SIGABRT) after every rank marked its work done: node 0, still
+    sending the result, is waited for and not stopped; the stage then keeps the result (seen once in make
+    test-matrix, where the stage stopped node 0 and failed)."""
+    from tasks.registry import client_for
+    from tasks.training.nodes.exchange import StageArtifacts, node_folder
+    from tasks.training.nodes.launchers import ManualNodes
+    from tasks.training.nodes.stage import wait_for_nodes
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = client_for(uri)
+    artifacts = StageArtifacts(uri, client.create_run(client.create_experiment("nodes")).info.run_id)
+    artifacts.put_json({"returncode": -6, "seconds": 3.0, "ranks_finished": True}, f"{node_folder(1)}/exit.json")
+    late = threading.Timer(3.0, artifacts.put_json, ({"returncode": 0, "seconds": 6.0}, f"{node_folder(0)}/exit.json"))
+    late.start()
+    job = ManualNodes([["python", "-m", "x", "node-agent"]] * 2, tmp_path / "launch")
+    try:
+        exits = wait_for_nodes(job, artifacts, 2, timeout_s=60, failure_grace_s=0.5)
+    finally:
+        late.join()
+    assert sorted(exits) == [0, 1] and exits[0]["returncode"] == 0
 
 
 @pytest.mark.parametrize(("python", "code"), [(sys.executable, 0), ("/only/on/the/submitting/host/python", 2)])
