@@ -37,6 +37,18 @@ ALLREDUCE_METRICS = ("allreduce_ms", "allreduce_bytes")
 
 logger = logging.getLogger(__name__)
 
+
+def allreduce_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The all-reduce figures rank 0 put in its result, to log on the stage run (none on one process).
+
+    >>> allreduce_metrics({"steps": 2, "allreduce_ms": 0.9, "allreduce_bytes": 139264})
+    {'allreduce_ms': 0.9, 'allreduce_bytes': 139264}
+    >>> allreduce_metrics({"steps": 2})
+    {}
+    """
+    return {key: result[key] for key in ALLREDUCE_METRICS if result.get(key) is not None}
+
+
 LAUNCH_DIR = "launch"  # under the stage's folder: request.json, result.json, rank-N.error.json, rank-N.done, ranks.log
 
 
@@ -189,7 +201,7 @@ def train_on_processes(
             launch_dir / "ranks.log",
         )
     result = json.loads((launch_dir / "result.json").read_text())
-    stage_run.log_metrics({key: result[key] for key in ALLREDUCE_METRICS if result.get(key) is not None})
+    stage_run.log_metrics(allreduce_metrics(result))
     logger.info(
         "%s on %d processes: %d steps in %.0f s", stage, processes, result["steps"], time.perf_counter() - started
     )

@@ -219,12 +219,12 @@ def run_agent(
     node_dir = workdir / f"node-{node}"
     launch_dir = node_dir / "launch-agent"
     launch_dir.mkdir(parents=True, exist_ok=True)
-    returncode, agent_error, processes = 1, None, None
+    returncode, ranks_finished = 1, False
     try:
         verified = VerifiedInputs(artifacts, manifest_digest, node)
         request = verified.request
         config, request_path = prepare_node(request, verified, node, node_dir)
-        launch_dir, processes = request_path.parent, config.training_processes()
+        launch_dir = request_path.parent
         host, port = rendezvous_from_environment(request)
         placement = NodePlacement(request["nodes"], node, rendezvous_host or host, port)
         command = accelerate_command(config, request_path, placement=placement)
@@ -237,6 +237,8 @@ def run_agent(
             )
         logger.info("node %d of %d: %s", node, request["nodes"], " ".join(command[1:]))
         returncode = run_forwarding_log(command, launch_dir / "ranks.log", env, forward=_print_rank_zero)
+        # Every rank here past the last collective (its done marker): an exit code that says otherwise came at exit.
+        ranks_finished = ranks_done(launch_dir, config.training_processes())
     except Exception as exc:
         returncode = exc.exit_code if isinstance(exc, GrpoflowError) else 1
         agent_error = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)[:2000]}
@@ -245,9 +247,13 @@ def run_agent(
         )
         logger.error("node %d: %s", node, exc)
     ended = time.time()
-    exit_report = {"node": node, "returncode": returncode, "seconds": round(ended - started, 1), "ended": ended}
-    # Every rank here past the last collective (its done marker): an exit code that says otherwise came at exit.
-    exit_report["ranks_finished"] = agent_error is None and processes is not None and ranks_done(launch_dir, processes)
+    exit_report = {
+        "node": node,
+        "returncode": returncode,
+        "seconds": round(ended - started, 1),
+        "ended": ended,
+        "ranks_finished": ranks_finished,
+    }
     heartbeat.stop()
     try:
         report(artifacts, node, launch_dir, exit_report)

@@ -20,7 +20,7 @@ from tasks.config import PipelineConfig
 from tasks.errors import UserError
 from tasks.layout import ADAPTER
 from tasks.tracking import RUN_ID_TAG
-from tasks.training.launch import ALLREDUCE_METRICS, TrainingProcessError, reported_error
+from tasks.training.launch import TrainingProcessError, allreduce_metrics, reported_error
 from tasks.training.ledger import LEDGER_DIR
 from tasks.training.nodes.exchange import (
     RESULT,
@@ -226,9 +226,9 @@ def wait_for_nodes(
                     f"({job.description}); `grpoflow run --resume` restarts every node from the newest complete "
                     "checkpoint"
                 )
-        if failed_at is None and any(node_failed(report) for report in reports.values()):
+        failed = sorted(n for n, report in reports.items() if node_failed(report))
+        if failed_at is None and failed:
             failed_at = time.monotonic()
-            failed = sorted(n for n, report in reports.items() if node_failed(report))
             logger.error("node %s reported a failure: the stage ends (the others are stopped)", failed[0])
         if failed_at is not None and time.monotonic() - failed_at > failure_grace_s:
             return reports
@@ -361,7 +361,7 @@ def train_on_nodes(
         # throw the whole adapter away. Said, not hidden.
         logger.warning("%s: node %s exited with an error after the stage finished; the result is whole", stage, failed)
     result = artifacts.fetch_json(f"{RESULT}/result.json")
-    stage_run.log_metrics({key: result[key] for key in ALLREDUCE_METRICS if result.get(key) is not None})
+    stage_run.log_metrics(allreduce_metrics(result))
     stage_dir = Path(stage_run.dir)
     for name in (ADAPTER, LEDGER_DIR):
         if f"{RESULT}/{name}" in artifacts.names(RESULT):
